@@ -1,0 +1,23 @@
+# Two commands on a fresh machine: `make test` and `make train`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test install train clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Tests run on 8 virtual CPU devices so mesh code is exercised without accelerators.
+test: $(STAMP)
+	XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu \
+	  $(PY) -m pytest -n 2 -q tests
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

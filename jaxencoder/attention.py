@@ -1,0 +1,84 @@
+"""Multi-head self-attention with three interchangeable implementations.
+
+- `xla`: the einsum reference; the only one that can return attention weights.
+- `fused`: `jax.nn.dot_product_attention` (cuDNN flash attention on GPU).
+- `linear`: elu(x)+1 feature maps (Katharopoulos et al. 2020), O(L) in length.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxencoder.config import EncoderConfig
+from jaxencoder.layers import dense
+from jaxencoder.positions import apply_rope
+
+
+def xla_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_Bx1xLxL, bias_BxHxLxL,
+                  dropout: nn.Module | None = None):
+  """Reference attention; softmax in float32. Returns (out [B,L,H,K], probs [B,H,L,L])."""
+  scale = q_BxLxHxK.shape[-1] ** -0.5
+  logits_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK * scale, k_BxLxHxK,
+                              preferred_element_type=jnp.float32)
+  if bias_BxHxLxL is not None:
+    logits_BxHxLxL += bias_BxHxLxL.astype(jnp.float32)
+  if mask_Bx1xLxL is not None:
+    logits_BxHxLxL = jnp.where(mask_Bx1xLxL, logits_BxHxLxL,
+                               jnp.finfo(jnp.float32).min)
+  probs_BxHxLxL = jax.nn.softmax(logits_BxHxLxL, axis=-1)
+  dropped = probs_BxHxLxL if dropout is None else dropout(probs_BxHxLxL)
+  out_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", dropped.astype(v_BxLxHxK.dtype), v_BxLxHxK)
+  return out_BxLxHxK, probs_BxHxLxL
+
+
+def linear_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL):
+  """Non-causal linear attention; padded keys are removed from the sums."""
+  phi_q = jax.nn.elu(q_BxLxHxK.astype(jnp.float32)) + 1.0
+  phi_k = jax.nn.elu(k_BxLxHxK.astype(jnp.float32)) + 1.0
+  phi_k *= key_mask_BxL[:, :, None, None].astype(jnp.float32)
+  kv_BxHxKxK = jnp.einsum("blhk,blhv->bhkv", phi_k, v_BxLxHxK.astype(jnp.float32))
+  norm_BxLxH = jnp.einsum("blhk,bhk->blh", phi_q, phi_k.sum(axis=1))
+  out = jnp.einsum("blhk,bhkv->blhv", phi_q, kv_BxHxKxK) / norm_BxLxH[..., None]
+  return out.astype(v_BxLxHxK.dtype)
+
+
+class MultiHeadAttention(nn.Module):
+  """Q/K/V/O projections around one of the attention implementations."""
+  cfg: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL, positions_BxL,
+               *, deterministic: bool, output_attentions: bool = False):
+    cfg = self.cfg
+    heads = (cfg.num_heads, cfg.resolved_head_dim)
+    proj = lambda name: dense(cfg, heads, kernel_axes=("embed", "heads", "kv"), name=name)
+    q_BxLxHxK = proj("query")(x_BxLxD)
+    k_BxLxHxK = proj("key")(x_BxLxD)
+    v_BxLxHxK = proj("value")(x_BxLxD)
+    if cfg.position_embedding == "rope":
+      q_BxLxHxK = apply_rope(q_BxLxHxK, positions_BxL, cfg.rope_base)
+      k_BxLxHxK = apply_rope(k_BxLxHxK, positions_BxL, cfg.rope_base)
+
+    dropout_active = not deterministic and cfg.attention_dropout_rate > 0
+    impl = cfg.attention_impl
+    if impl == "fused" and (output_attentions or dropout_active):
+      impl = "xla"  # dot_product_attention neither returns weights nor drops them
+    probs_BxHxLxL = None
+    if impl == "linear":
+      if output_attentions:
+        raise ValueError("output_attentions needs attention_impl 'xla' or 'fused', not 'linear'")
+      out_BxLxHxK = linear_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL)
+    elif impl == "fused":
+      out_BxLxHxK = jax.nn.dot_product_attention(
+          q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
+          bias=None if bias_BxHxLxL is None else bias_BxHxLxL.astype(q_BxLxHxK.dtype),
+          mask=mask_Bx1xLxL)
+    else:
+      dropout = nn.Dropout(cfg.attention_dropout_rate, deterministic=deterministic)
+      out_BxLxHxK, probs_BxHxLxL = xla_attention(
+          q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_Bx1xLxL, bias_BxHxLxL, dropout)
+    out_BxLxD = dense(cfg, cfg.emb_dim, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
+                      name="out")(out_BxLxHxK)
+    return out_BxLxD, (probs_BxHxLxL if output_attentions else None)

@@ -1,0 +1,182 @@
+"""EncoderConfig: the frozen description of an encoder's architecture."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# BERT's size table (Turc et al. 2019; Devlin et al. 2019): layers, width, heads.
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+INPUT_KINDS = ("text", "image", "series")
+POSITION_KINDS = ("learned", "sinusoidal", "rope", "relative", "none")
+ATTENTION_IMPLS = ("xla", "fused", "linear")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("post", "pre")
+POOLINGS = ("cls", "mean", "max", "attention")
+REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+  """Architecture of an encoder. Defaults describe BERT-base without its vocab.
+
+  `head_dim` and `mlp_dim` default to `emb_dim // num_heads` and `4 * emb_dim`.
+  `dtype` is the compute dtype; parameters are stored in `param_dtype`.
+  """
+
+  # Input front end.
+  input_kind: str = "text"  # text: ids [B, L]; image: [B, H, W, C]; series: [B, L, F]
+  vocab_size: int = 30522
+  type_vocab_size: int = 2  # 0 disables token-type embeddings
+  image_size: tuple[int, int] = (224, 224)
+  patch_size: int = 16
+  num_channels: int = 3
+  use_cls_token: bool = True  # image/series: prepend a learned [CLS] vector
+  input_features: int = 1  # series: F
+
+  # Sizes.
+  num_layers: int = 12
+  emb_dim: int = 768
+  num_heads: int = 12
+  head_dim: int | None = None
+  mlp_dim: int | None = None
+  max_len: int = 512  # rows of the learned position table
+
+  # Embeddings and positions.
+  position_embedding: str = "learned"
+  scale_embeddings: bool = False  # multiply token embeddings by sqrt(D)
+  embedding_norm: bool = True  # BERT's LayerNorm after summing embeddings
+  rope_base: float = 10_000.0
+  relative_num_buckets: int = 32
+  relative_max_distance: int = 128
+
+  # Blocks.
+  attention_impl: str = "xla"
+  causal: bool = False
+  sliding_window: int | None = None  # attend only to |i - j| <= window
+  activation: str = "gelu"
+  norm: str = "layernorm"
+  norm_position: str = "post"  # BERT is post-norm
+  norm_eps: float = 1e-12
+  use_bias: bool = True
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  initializer_range: float = 0.02
+
+  # Stack.
+  scan_layers: bool = False
+  remat_policy: str = "none"
+
+  # Pooling.
+  pooling: str = "cls"
+  pooler_dense: bool = False  # BERT's pooler: dense + tanh on the pooled vector
+
+  # Numerics.
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    if isinstance(self.image_size, list):
+      object.__setattr__(self, "image_size", tuple(self.image_size))
+    self._validate()
+
+  # ---------------------------------------------------------------- derived
+  @property
+  def resolved_head_dim(self) -> int:
+    return self.head_dim or self.emb_dim // self.num_heads
+
+  @property
+  def resolved_mlp_dim(self) -> int:
+    return self.mlp_dim or 4 * self.emb_dim
+
+  @property
+  def patch_grid(self) -> tuple[int, int]:
+    return (self.image_size[0] // self.patch_size,
+            self.image_size[1] // self.patch_size)
+
+  @property
+  def has_cls_token(self) -> bool:
+    """Whether position 0 of the stack's input is a [CLS] vector."""
+    return self.input_kind == "text" or self.use_cls_token
+
+  # ---------------------------------------------------------------- building
+  @classmethod
+  def preset(cls, name: str, **overrides: Any) -> "EncoderConfig":
+    """BERT-size preset (`tiny` … `large`) with any field overridden."""
+    if name not in PRESETS:
+      raise ValueError(f"preset: unknown name {name!r}; choose from {sorted(PRESETS)}")
+    num_layers, emb_dim, num_heads = PRESETS[name]
+    fields = dict(num_layers=num_layers, emb_dim=emb_dim, num_heads=num_heads)
+    fields.update(overrides)
+    return cls.from_dict(fields)
+
+  @classmethod
+  def from_dict(cls, fields: dict[str, Any]) -> "EncoderConfig":
+    """Builds a config, rejecting unknown keys by name."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+      raise ValueError(f"EncoderConfig: unknown field(s) {unknown}; valid fields: {sorted(known)}")
+    return cls(**fields)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  def replace(self, **overrides: Any) -> "EncoderConfig":
+    return self.from_dict({**self.to_dict(), **overrides})
+
+  # ---------------------------------------------------------------- checks
+  def _validate(self) -> None:
+    choices = {
+        "input_kind": INPUT_KINDS, "position_embedding": POSITION_KINDS,
+        "attention_impl": ATTENTION_IMPLS, "activation": ACTIVATIONS,
+        "norm": NORMS, "norm_position": NORM_POSITIONS, "pooling": POOLINGS,
+        "remat_policy": REMAT_POLICIES, "dtype": DTYPES, "param_dtype": DTYPES,
+    }
+    for name, allowed in choices.items():
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"{name}={getattr(self, name)!r} is not one of {allowed}")
+    positive = ("num_layers", "emb_dim", "num_heads", "max_len", "patch_size",
+                "num_channels", "input_features", "vocab_size")
+    for name in positive:
+      if getattr(self, name) <= 0:
+        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.head_dim is None and self.emb_dim % self.num_heads:
+      raise ValueError(f"emb_dim={self.emb_dim} is not divisible by num_heads={self.num_heads}; "
+                       "change one or set head_dim explicitly")
+    if self.position_embedding == "rope" and self.resolved_head_dim % 2:
+      raise ValueError(f"head_dim={self.resolved_head_dim} must be even for rope positions")
+    for name in ("dropout_rate", "attention_dropout_rate"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+    if self.sliding_window is not None and self.sliding_window < 0:
+      raise ValueError(f"sliding_window must be >= 0, got {self.sliding_window}")
+    if self.input_kind == "image":
+      self._validate_image()
+    if self.pooling == "cls" and not self.has_cls_token:
+      raise ValueError("pooling='cls' needs a [CLS] vector: set use_cls_token=True "
+                       "or choose pooling 'mean', 'max' or 'attention'")
+    if self.attention_impl == "linear":
+      unsupported = {"causal": self.causal, "sliding_window": self.sliding_window is not None,
+                     "position_embedding='relative'": self.position_embedding == "relative"}
+      bad = [k for k, v in unsupported.items() if v]
+      if bad:
+        raise ValueError(f"attention_impl='linear' does not support {bad}")
+
+  def _validate_image(self) -> None:
+    if len(self.image_size) != 2:
+      raise ValueError(f"image_size must be (height, width), got {self.image_size}")
+    for side in self.image_size:
+      if side % self.patch_size:
+        raise ValueError(f"image_size={self.image_size} is not divisible by "
+                         f"patch_size={self.patch_size}")

@@ -1,0 +1,145 @@
+"""The encoder: embeddings, a stack of Transformer blocks, pooling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxencoder.attention import MultiHeadAttention
+from jaxencoder.config import EncoderConfig
+from jaxencoder.embeddings import Embeddings
+from jaxencoder.ffn import FeedForward
+from jaxencoder.inputs import check_inputs
+from jaxencoder.layers import constrain, norm
+from jaxencoder.masks import make_attention_mask
+from jaxencoder.pooling import Pooler
+from jaxencoder.positions import RelativePositionBias
+
+REMAT_POLICIES = {
+    "full": None,  # save nothing, recompute the whole block
+    "save_dots": jax.checkpoint_policies.checkpoint_dots,
+    "save_dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+@flax.struct.dataclass
+class EncoderOutput:
+  """What the encoder returns; a pytree, so it passes through jit."""
+  last_hidden_state: jax.Array  # [B, L, D]
+  pooled: jax.Array  # [B, D]
+  hidden_states: tuple[jax.Array, ...] | None = None  # N + 1 of [B, L, D]
+  attentions: tuple[jax.Array, ...] | None = None  # N of [B, H, L, L]
+
+
+class EncoderBlock(nn.Module):
+  """Self-attention + feed-forward, post-norm (BERT) or pre-norm.
+
+  Returns (x, out): out holds this layer's output and attention weights when asked
+  (None otherwise), so a scanned stack stacks them along a leading layer axis.
+  """
+  cfg: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL, positions_BxL,
+               deterministic: bool, output_attentions: bool, output_hidden_states: bool):
+    cfg = self.cfg
+    drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    pre = cfg.norm_position == "pre"
+    attention = MultiHeadAttention(cfg, name="attention")
+    h_BxLxD = norm(cfg, name="attention_norm")(x_BxLxD) if pre else x_BxLxD
+    h_BxLxD, probs_BxHxLxL = attention(h_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL,
+                                       positions_BxL, deterministic=deterministic,
+                                       output_attentions=output_attentions)
+    x_BxLxD = x_BxLxD + drop(h_BxLxD)
+    if not pre:
+      x_BxLxD = norm(cfg, name="attention_norm")(x_BxLxD)
+    h_BxLxD = norm(cfg, name="ffn_norm")(x_BxLxD) if pre else x_BxLxD
+    h_BxLxD = FeedForward(cfg, name="ffn")(h_BxLxD, deterministic=deterministic)
+    x_BxLxD = x_BxLxD + drop(h_BxLxD)
+    if not pre:
+      x_BxLxD = norm(cfg, name="ffn_norm")(x_BxLxD)
+    x_BxLxD = constrain(x_BxLxD)
+    out = {"hidden_state": x_BxLxD if output_hidden_states else None,
+           "attention": probs_BxHxLxL}
+    return x_BxLxD, out
+
+
+def block_class(cfg: EncoderConfig) -> type[nn.Module]:
+  """EncoderBlock, rematerialised per `cfg.remat_policy`."""
+  if cfg.remat_policy == "none":
+    return EncoderBlock
+  # Static: deterministic, output_attentions, output_hidden_states (self is 0).
+  return nn.remat(EncoderBlock, policy=REMAT_POLICIES[cfg.remat_policy],
+                  prevent_cse=not cfg.scan_layers, static_argnums=(6, 7, 8))
+
+
+class Encoder(nn.Module):
+  """Transformer encoder over token ids, images or continuous series.
+
+  Call: `model.apply(variables, inputs, attention_mask=None, token_type_ids=None,
+  segment_ids=None, positions=None, deterministic=True, output_hidden_states=False,
+  output_attentions=False)` -> EncoderOutput. `inputs` is int ids [B, L] (text),
+  float images [B, H, W, C] or float series [B, L, F], per `cfg.input_kind`.
+  `segment_ids` [B, L] mark packed sequences (0 = padding); tokens attend only
+  within their segment.
+  """
+  cfg: EncoderConfig
+
+  @nn.compact
+  def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
+               positions=None, *, deterministic: bool = True,
+               output_hidden_states: bool = False, output_attentions: bool = False):
+    cfg = self.cfg
+    len_BxL = check_inputs(cfg, inputs, attention_mask, token_type_ids, segment_ids, positions)
+    if cfg.attention_impl == "linear" and segment_ids is not None:
+      raise ValueError("attention_impl='linear' does not support segment_ids (packed rows)")
+    if attention_mask is None:
+      attention_mask = (segment_ids != 0 if segment_ids is not None
+                        else jnp.ones(len_BxL, jnp.int32))
+    x_BxLxD, mask_BxL, segment_ids, positions_BxL = Embeddings(cfg, name="embeddings")(
+        inputs, attention_mask, token_type_ids, segment_ids, positions,
+        deterministic=deterministic)
+    x_BxLxD = constrain(x_BxLxD)
+    mask_Bx1xLxL = None
+    if cfg.attention_impl != "linear":
+      mask_Bx1xLxL = make_attention_mask(mask_BxL, segment_ids, causal=cfg.causal,
+                                         sliding_window=cfg.sliding_window)
+    bias_BxHxLxL = None
+    if cfg.position_embedding == "relative":
+      bias_BxHxLxL = RelativePositionBias(cfg, name="relative_bias")(positions_BxL)
+
+    args = (mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL,
+            deterministic, output_attentions, output_hidden_states)
+    last_BxLxD, layer_outs = self._stack(x_BxLxD, args)
+    if cfg.norm_position == "pre":
+      last_BxLxD = norm(cfg, name="final_norm")(last_BxLxD)
+    pooled_BxD = Pooler(cfg, name="pooler")(last_BxLxD, mask_BxL)
+    hidden = None
+    if output_hidden_states:
+      hidden = (x_BxLxD,) + tuple(o["hidden_state"] for o in layer_outs[:-1]) + (last_BxLxD,)
+    attentions = tuple(o["attention"] for o in layer_outs) if output_attentions else None
+    return EncoderOutput(last_BxLxD, pooled_BxD, hidden, attentions)
+
+  def _stack(self, x_BxLxD, args) -> tuple[jax.Array, list[dict[str, Any]]]:
+    """Runs the N blocks (loop or nn.scan); returns x and each layer's intermediates."""
+    cfg = self.cfg
+    block = block_class(cfg)
+    if not cfg.scan_layers:
+      outs = []
+      for i in range(cfg.num_layers):
+        x_BxLxD, out = block(cfg, name=f"layers_{i}")(x_BxLxD, *args)
+        outs.append(out)
+      return x_BxLxD, outs
+    scanned = nn.scan(block, variable_axes={"params": 0},
+                      split_rngs={"params": True, "dropout": True},
+                      in_axes=nn.broadcast, length=cfg.num_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+    x_BxLxD, stacked = scanned(cfg, name="layers")(x_BxLxD, *args)
+    outs = [{k: None if v is None else v[i] for k, v in stacked.items()}
+            for i in range(cfg.num_layers)]
+    return x_BxLxD, outs
+

@@ -1,0 +1,126 @@
+"""Task heads on top of the encoder, and the contrastive loss.
+
+Heads are separate modules so a checkpoint's encoder can meet a new head.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxencoder.config import EncoderConfig
+from jaxencoder.encoder import Encoder, EncoderOutput
+from jaxencoder.ffn import ACTIVATIONS
+from jaxencoder.layers import dense, dtype_of, norm, zeros_init
+
+
+def gather_positions(x_BxLxD: jax.Array, positions_BxM: jax.Array) -> jax.Array:
+  """Selects M positions per row: [B, L, D], [B, M] -> [B, M, D]."""
+  return jnp.take_along_axis(x_BxLxD, positions_BxM[..., None], axis=1)
+
+
+class MlmHead(nn.Module):
+  """BERT's MLM head: dense + act + norm, then logits against the tied embedding + bias."""
+  cfg: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, embedding_VxD, masked_positions_BxM=None):
+    """Logits [B, L, V], or [B, M, V] at `masked_positions_BxM` only."""
+    cfg = self.cfg
+    if masked_positions_BxM is not None:
+      x_BxLxD = gather_positions(x_BxLxD, masked_positions_BxM)
+    act = ACTIVATIONS["gelu" if cfg.activation in ("swiglu", "geglu") else cfg.activation]
+    h_BxLxD = act(dense(cfg, cfg.emb_dim, kernel_axes=("embed", None), name="transform")(x_BxLxD))
+    h_BxLxD = norm(cfg, name="norm")(h_BxLxD)
+    bias_V = self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,),
+                        dtype_of(cfg.param_dtype))
+    logits_BxLxV = jnp.einsum("bld,vd->blv", h_BxLxD, embedding_VxD.astype(h_BxLxD.dtype),
+                              preferred_element_type=jnp.float32)
+    return logits_BxLxV + bias_V[None, None, :]
+
+
+class EncoderForMaskedLM(nn.Module):
+  """Encoder + MlmHead with the decoder tied to `embeddings/token_embed`.
+
+  Returns (logits, EncoderOutput); logits are [B, M, V] when `masked_positions`
+  [B, M] are given, which skips the vocabulary projection elsewhere.
+  """
+  cfg: EncoderConfig
+
+  def setup(self):
+    self.encoder = Encoder(self.cfg)
+    self.mlm_head = MlmHead(self.cfg)
+
+  def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
+               positions=None, masked_positions=None, *, deterministic: bool = True,
+               output_hidden_states: bool = False, output_attentions: bool = False):
+    out: EncoderOutput = self.encoder(
+        inputs, attention_mask, token_type_ids, segment_ids, positions,
+        deterministic=deterministic, output_hidden_states=output_hidden_states,
+        output_attentions=output_attentions)
+    table = self.encoder.variables["params"]["embeddings"]["token_embed"]["embedding"]
+    embedding_VxD = nn.meta.unbox(table)
+    return self.mlm_head(out.last_hidden_state, embedding_VxD, masked_positions), out
+
+
+class SequenceClassificationHead(nn.Module):
+  """Dropout + dense on the pooled vector: [B, D] -> [B, C]."""
+  cfg: EncoderConfig
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, pooled_BxD, *, deterministic: bool = True):
+    x_BxD = nn.Dropout(self.cfg.dropout_rate)(pooled_BxD, deterministic=deterministic)
+    return dense(self.cfg, self.num_classes, kernel_axes=("embed", None), name="classifier")(x_BxD)
+
+
+class TokenClassificationHead(nn.Module):
+  """Dropout + dense per token: [B, L, D] -> [B, L, C]."""
+  cfg: EncoderConfig
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, x_BxLxD, *, deterministic: bool = True):
+    x_BxLxD = nn.Dropout(self.cfg.dropout_rate)(x_BxLxD, deterministic=deterministic)
+    return dense(self.cfg, self.num_classes, kernel_axes=("embed", None), name="classifier")(x_BxLxD)
+
+
+class ContrastiveHead(nn.Module):
+  """Projection of pooled vectors for contrastive learning: [B, D] -> unit [B, P]."""
+  cfg: EncoderConfig
+  projection_dim: int = 128
+
+  @nn.compact
+  def __call__(self, pooled_BxD):
+    h_BxD = jax.nn.gelu(dense(self.cfg, self.cfg.emb_dim, kernel_axes=("embed", None),
+                              name="hidden")(pooled_BxD))
+    z_BxP = dense(self.cfg, self.projection_dim, kernel_axes=(None, None), name="projection")(h_BxD)
+    return l2_normalize(z_BxP)
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
+  x = x.astype(jnp.float32)
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def cosine_similarity(a_BxD: jax.Array, b_BxD: jax.Array) -> jax.Array:
+  """Row-wise cosine similarity: [B]."""
+  return jnp.sum(l2_normalize(a_BxD) * l2_normalize(b_BxD), axis=-1)
+
+
+def info_nce_loss(a_BxP: jax.Array, b_BxP: jax.Array, temperature: float = 0.05,
+                  symmetric: bool = True) -> jax.Array:
+  """InfoNCE with in-batch negatives: row i of `a` should match row i of `b`.
+
+  Cosine logits / temperature; cross-entropy against the diagonal, averaged over
+  both directions when `symmetric`.
+  """
+  logits_BxB = l2_normalize(a_BxP) @ l2_normalize(b_BxP).T / temperature
+  labels_B = jnp.arange(logits_BxB.shape[0])
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits_BxB, labels_B).mean()
+  if symmetric:
+    loss_t = optax.softmax_cross_entropy_with_integer_labels(logits_BxB.T, labels_B).mean()
+    loss = (loss + loss_t) / 2
+  return loss

@@ -1,0 +1,92 @@
+"""Input checks that name the problem: shapes and dtypes always, values when concrete."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxencoder.config import EncoderConfig
+
+
+def _is_concrete(x) -> bool:
+  """True for arrays holding values (not tracers inside jit/grad, not shape specs)."""
+  return isinstance(x, (np.ndarray, jax.Array)) and not isinstance(x, jax.core.Tracer)
+
+
+def _check_range(name: str, values, upper: int, what: str) -> None:
+  """Raises if a concrete integer array has a value outside [0, upper)."""
+  if not _is_concrete(values) or np.size(values) == 0:
+    return
+  values = np.asarray(values)
+  low, high = int(values.min()), int(values.max())
+  if low < 0 or high >= upper:
+    bad = low if low < 0 else high
+    raise ValueError(f"{name} contains {bad}, outside [0, {upper}) ({what})")
+
+
+def check_inputs(cfg: EncoderConfig, inputs, attention_mask=None, token_type_ids=None,
+                 segment_ids=None, positions=None) -> tuple[int, int]:
+  """Validates the encoder's inputs against its config; raises ValueError.
+
+  Returns (batch, length) of the token/patch/step axis before any [CLS] is added.
+  """
+  if cfg.input_kind == "text":
+    _check_text(cfg, inputs)
+    len_BxL = tuple(inputs.shape)
+  elif cfg.input_kind == "image":
+    _check_image(cfg, inputs)
+    b, h, w, _ = inputs.shape
+    len_BxL = (b, (h // cfg.patch_size) * (w // cfg.patch_size))
+  else:
+    _check_series(cfg, inputs)
+    len_BxL = tuple(inputs.shape[:2])
+  if positions is not None and cfg.input_kind != "text":
+    raise ValueError("positions are only accepted for text inputs; image and series "
+                     "positions are 0..L-1 (per segment when segment_ids are given)")
+  for name, arr in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
+                    ("segment_ids", segment_ids), ("positions", positions)):
+    if arr is not None and tuple(arr.shape) != len_BxL:
+      raise ValueError(f"{name} has shape {tuple(arr.shape)} but the inputs need {len_BxL} "
+                       f"(batch, length)")
+  if token_type_ids is not None:
+    if not cfg.type_vocab_size:
+      raise ValueError("token_type_ids given but type_vocab_size=0 (no type embeddings)")
+    _check_range("token_type_ids", token_type_ids, cfg.type_vocab_size, "type_vocab_size")
+  if cfg.position_embedding == "learned" and cfg.input_kind != "image":
+    total_len = len_BxL[1] + int(cfg.input_kind == "series" and cfg.use_cls_token)
+    if total_len > cfg.max_len:
+      raise ValueError(f"sequence length {total_len} is longer than the position table "
+                       f"(max_len={cfg.max_len})")
+    _check_range("positions", positions, cfg.max_len, "max_len of the position table")
+  return len_BxL
+
+
+def _check_text(cfg: EncoderConfig, ids) -> None:
+  if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+    raise ValueError(f"input_ids must be an integer array [batch, length]; got shape "
+                     f"{tuple(ids.shape)} and dtype {ids.dtype}")
+  _check_range("input_ids", ids, cfg.vocab_size, "token id >= vocab_size")
+
+
+def _check_image(cfg: EncoderConfig, images) -> None:
+  if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
+    raise ValueError(f"images must be a float array [batch, height, width, channels]; got "
+                     f"shape {tuple(images.shape)} and dtype {images.dtype}")
+  _, h, w, c = images.shape
+  if c != cfg.num_channels:
+    raise ValueError(f"images have {c} channels but num_channels={cfg.num_channels}")
+  if h % cfg.patch_size or w % cfg.patch_size:
+    raise ValueError(f"image size {(h, w)} is not divisible by patch_size={cfg.patch_size}")
+  if cfg.position_embedding == "learned" and (h, w) != tuple(cfg.image_size):
+    raise ValueError(f"image size {(h, w)} differs from image_size={tuple(cfg.image_size)}, "
+                     "which fixes the learned position table")
+
+
+def _check_series(cfg: EncoderConfig, series) -> None:
+  if series.ndim != 3 or not jnp.issubdtype(series.dtype, jnp.floating):
+    raise ValueError(f"series must be a float array [batch, length, features]; got shape "
+                     f"{tuple(series.shape)} and dtype {series.dtype}")
+  if series.shape[-1] != cfg.input_features:
+    raise ValueError(f"series have {series.shape[-1]} features but "
+                     f"input_features={cfg.input_features}")

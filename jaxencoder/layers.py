@@ -1,0 +1,61 @@
+"""Small building blocks shared by the encoder's modules: dense, norms, dtypes."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxencoder.config import EncoderConfig
+
+# Logical activation axes; rules in the training config map them to mesh axes.
+ACT_BLD = ("act_batch", "act_len", "act_embed")
+
+
+def dtype_of(name: str) -> jnp.dtype:
+  return jnp.dtype(name)
+
+
+def kernel_init(cfg: EncoderConfig, axes: Sequence[str | None]):
+  """BERT's truncated-normal init, tagged with logical axis names."""
+  init = nn.initializers.truncated_normal(stddev=cfg.initializer_range)
+  return nn.with_logical_partitioning(init, tuple(axes))
+
+
+def zeros_init(axes: Sequence[str | None]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(axes))
+
+
+def dense(cfg: EncoderConfig, features: int | tuple[int, ...], *,
+          kernel_axes: Sequence[str | None], axis: int | tuple[int, ...] = -1,
+          use_bias: bool | None = None, name: str | None = None) -> nn.DenseGeneral:
+  """DenseGeneral whose kernel and bias carry logical axis names.
+
+  `kernel_axes` names the input axes then the output axes; the bias takes the
+  output ones.
+  """
+  out_ndim = 1 if isinstance(features, int) else len(features)
+  bias_axes = tuple(kernel_axes)[-out_ndim:]
+  return nn.DenseGeneral(
+      features=features, axis=axis,
+      use_bias=cfg.use_bias if use_bias is None else use_bias,
+      dtype=dtype_of(cfg.dtype), param_dtype=dtype_of(cfg.param_dtype),
+      kernel_init=kernel_init(cfg, kernel_axes), bias_init=zeros_init(bias_axes),
+      name=name)
+
+
+def norm(cfg: EncoderConfig, name: str | None = None) -> nn.Module:
+  """LayerNorm or RMSNorm over the model axis (statistics in float32)."""
+  scale_init = nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",))
+  common = dict(epsilon=cfg.norm_eps, dtype=dtype_of(cfg.dtype),
+                param_dtype=dtype_of(cfg.param_dtype), scale_init=scale_init, name=name)
+  if cfg.norm == "rmsnorm":
+    return nn.RMSNorm(**common)
+  return nn.LayerNorm(bias_init=zeros_init(("embed",)), **common)
+
+
+def constrain(x_BxLxD: jax.Array) -> jax.Array:
+  """Marks a [B, L, D] activation's sharding by logical names (no-op without rules)."""
+  return nn.with_logical_constraint(x_BxLxD, ACT_BLD)

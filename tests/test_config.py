@@ -1,0 +1,71 @@
+"""EncoderConfig: presets, overrides and errors that name the field."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from jaxencoder import Encoder, EncoderConfig
+
+# BERT's published parameter counts (millions), Turc et al. 2019 / Devlin et al. 2019.
+PUBLISHED_M = {"tiny": 4.4, "mini": 11.3, "small": 29.1, "medium": 41.7,
+               "base": 110.0, "large": 340.0}
+
+
+def count_params(cfg: EncoderConfig) -> int:
+  ids = jax.ShapeDtypeStruct((1, 8), np.int32)
+  shapes = jax.eval_shape(lambda x: Encoder(cfg).init(jax.random.key(0), x), ids)
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_M))
+def test_preset_param_count_matches_bert(name):
+  cfg = EncoderConfig.preset(name, vocab_size=30522, pooler_dense=True)
+  millions = count_params(cfg) / 1e6
+  assert millions == pytest.approx(PUBLISHED_M[name], rel=0.02)
+
+
+def test_preset_sizes_and_overrides():
+  cfg = EncoderConfig.preset("small", vocab_size=1000, dropout_rate=0.0)
+  assert (cfg.num_layers, cfg.emb_dim, cfg.num_heads) == (4, 512, 8)
+  assert cfg.resolved_head_dim == 64 and cfg.resolved_mlp_dim == 2048
+  assert cfg.vocab_size == 1000 and cfg.dropout_rate == 0.0
+  assert EncoderConfig.preset("base", num_layers=3).num_layers == 3
+
+
+def test_config_is_frozen_and_hashable():
+  cfg = EncoderConfig.preset("tiny")
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    cfg.emb_dim = 3
+  assert hash(cfg) == hash(EncoderConfig.preset("tiny"))
+  assert EncoderConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(emb_dim=100, num_heads=3), "emb_dim=100 is not divisible by num_heads=3"),
+    (dict(activation="swish"), "activation='swish'"),
+    (dict(norm="batchnorm"), "norm='batchnorm'"),
+    (dict(attention_impl="flash"), "attention_impl='flash'"),
+    (dict(position_embedding="alibi"), "position_embedding='alibi'"),
+    (dict(pooling="first"), "pooling='first'"),
+    (dict(remat_policy="sometimes"), "remat_policy='sometimes'"),
+    (dict(dtype="int8"), "dtype='int8'"),
+    (dict(dropout_rate=1.5), "dropout_rate must be in [0, 1)"),
+    (dict(num_layers=0), "num_layers must be positive"),
+    (dict(input_kind="image", image_size=(30, 32), patch_size=8), "not divisible by patch_size=8"),
+    (dict(input_kind="series", use_cls_token=False), "pooling='cls' needs a [CLS] vector"),
+    (dict(attention_impl="linear", causal=True), "'linear' does not support ['causal']"),
+    (dict(position_embedding="rope", emb_dim=30, num_heads=2), "must be even for rope"),
+])
+def test_invalid_config_names_the_field(overrides, message):
+  with pytest.raises(ValueError) as err:
+    EncoderConfig.preset("tiny", **overrides)
+  assert message in str(err.value)
+
+
+def test_unknown_field_and_preset_are_rejected():
+  with pytest.raises(ValueError, match=r"unknown field\(s\) \['hiden_size'\]"):
+    EncoderConfig.preset("tiny", hiden_size=3)
+  with pytest.raises(ValueError, match="unknown name 'huge'"):
+    EncoderConfig.preset("huge")
