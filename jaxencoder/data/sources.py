@@ -1,0 +1,63 @@
+"""Random-access readers over prepared array_record datasets (ours or any tfds one)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import tensorflow_datasets as tfds
+
+from jaxencoder.data.readers import DataError
+
+
+def _versioned_dir(path: pathlib.Path) -> pathlib.Path | None:
+  """`path` itself if it holds dataset_info.json, else its newest version subdir."""
+  if (path / "dataset_info.json").exists():
+    return path
+  versions = sorted((p for p in path.glob("*") if (p / "dataset_info.json").exists()),
+                    key=lambda p: tfds.core.Version(p.name) if _is_version(p.name) else p.name)
+  return versions[-1] if versions else None
+
+
+def _is_version(name: str) -> bool:
+  try:
+    tfds.core.Version(name)
+    return True
+  except ValueError:
+    return False
+
+
+def open_builder(name: str, data_dir=None):
+  """A read-only builder for `name` = a directory, `kind/config` under data_dir, or a tfds name.
+
+  A tfds catalogue name (e.g. "mnist") must already be prepared in array_record
+  format under data_dir: nothing is downloaded here.
+  """
+  candidates = [pathlib.Path(name)]
+  if data_dir is not None:
+    candidates.append(pathlib.Path(data_dir) / name)
+  for path in candidates:
+    if path.is_dir() and (found := _versioned_dir(path)) is not None:
+      return tfds.builder_from_directory(str(found))
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except Exception as e:  # tfds raises several types for unknown names/configs
+    raise DataError(f"dataset {name!r} not found under data_dir={data_dir}: prepare it with "
+                    f"`python -m jaxencoder.data prepare ...` ({type(e).__name__}: {e})") from None
+  if not builder.is_prepared():
+    raise DataError(f"tfds dataset {name!r} is not prepared under {builder.data_dir}; "
+                    "prepare it in array_record format first (no downloads happen here)")
+  return builder
+
+
+def open_source(name: str, split: str = "train", data_dir=None):
+  """Random-access source (len, [i], __getitems__) for one split; grain can read it."""
+  builder = open_builder(name, data_dir)
+  if split not in builder.info.splits:
+    raise DataError(f"{name}: no split {split!r}; has {sorted(builder.info.splits)}")
+  return builder.as_data_source(split=split)
+
+
+def label_names(name: str, data_dir=None, feature: str = "label") -> list[str]:
+  """Class names of a ClassLabel feature (or of a Sequence of ClassLabel)."""
+  feat = open_builder(name, data_dir).info.features[feature]
+  return list(getattr(feat, "feature", feat).names)
