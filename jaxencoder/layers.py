@@ -28,22 +28,47 @@ def zeros_init(axes: Sequence[str | None]):
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(axes))
 
 
+class Dense(nn.Module):
+  """y = x . W (+ b), contracting `axis` of x with the leading axes of W.
+
+  Unlike nn.DenseGeneral, the kernel is created in its final shape, so its
+  logical axis names always match its rank (also under a mesh).
+  """
+  features: tuple[int, ...]
+  axis: tuple[int, ...]
+  kernel_axes: tuple[str | None, ...]
+  use_bias: bool
+  cfg: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x):
+    axis = tuple(a % x.ndim for a in self.axis)
+    kernel_shape = tuple(x.shape[a] for a in axis) + self.features
+    kernel = self.param("kernel", kernel_init(self.cfg, self.kernel_axes), kernel_shape,
+                        dtype_of(self.cfg.param_dtype))
+    dtype = dtype_of(self.cfg.dtype)
+    contract = (axis, tuple(range(len(axis))))
+    y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), (contract, ((), ())))
+    if self.use_bias:
+      bias_axes = self.kernel_axes[len(axis):]
+      bias = self.param("bias", zeros_init(bias_axes), self.features,
+                        dtype_of(self.cfg.param_dtype))
+      y = y + bias.astype(dtype).reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
+    return y
+
+
 def dense(cfg: EncoderConfig, features: int | tuple[int, ...], *,
           kernel_axes: Sequence[str | None], axis: int | tuple[int, ...] = -1,
-          use_bias: bool | None = None, name: str | None = None) -> nn.DenseGeneral:
-  """DenseGeneral whose kernel and bias carry logical axis names.
+          use_bias: bool | None = None, name: str | None = None) -> Dense:
+  """A Dense layer whose kernel and bias carry logical axis names.
 
   `kernel_axes` names the input axes then the output axes; the bias takes the
   output ones.
   """
-  out_ndim = 1 if isinstance(features, int) else len(features)
-  bias_axes = tuple(kernel_axes)[-out_ndim:]
-  return nn.DenseGeneral(
-      features=features, axis=axis,
-      use_bias=cfg.use_bias if use_bias is None else use_bias,
-      dtype=dtype_of(cfg.dtype), param_dtype=dtype_of(cfg.param_dtype),
-      kernel_init=kernel_init(cfg, kernel_axes), bias_init=zeros_init(bias_axes),
-      name=name)
+  features = (features,) if isinstance(features, int) else tuple(features)
+  axis = (axis,) if isinstance(axis, int) else tuple(axis)
+  return Dense(features, axis, tuple(kernel_axes),
+               cfg.use_bias if use_bias is None else use_bias, cfg, name=name)
 
 
 def norm(cfg: EncoderConfig, name: str | None = None) -> nn.Module:

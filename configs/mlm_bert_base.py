@@ -1,0 +1,35 @@
+"""BERT-base MLM pretraining, sized for a TPU v5e-8 / v4-32 or an 8-GPU node.
+
+  python train.py --config configs/mlm_bert_base.py --workdir gs://BUCKET/bert_base \\
+      --config.data.source=text_corpus/MYCORPUS --config.data.data_dir=gs://BUCKET/data
+
+A prepared tfds text corpus (python -m jaxencoder.data prepare text_corpus ...)
+is read from data_dir. bf16 compute, f32 params and Adam state, FSDP over all
+devices, scanned layers with dot-saving remat, packed 512-token rows.
+Not run here (CPU machine): no result measured yet.
+"""
+
+from jaxencoder.config import EncoderConfig
+from jaxencoder.train_config import base_config, model_config
+
+
+def get_config():
+  config = base_config()
+  config.model = model_config(EncoderConfig.preset(
+      "base", vocab_size=30522, dtype="bfloat16", scan_layers=True,
+      remat_policy="save_dots", attention_impl="fused", attention_dropout_rate=0.0))
+  config.data.source = "text_corpus/default"
+  config.data.seq_len = 512
+  config.data.packing = "pack"
+  config.batch_size = 256
+  config.eval_batch_size = 256
+  config.num_train_steps = 1_000_000
+  config.log_every = 100
+  config.eval_every = 10_000
+  config.checkpoint_every = 5_000
+  config.optim.learning_rate = 1e-4
+  config.optim.warmup_steps = 10_000
+  config.optim.weight_decay = 0.01
+  config.mesh_shape = (1, -1, 1)  # FSDP over every device
+  config.progress_bar = False
+  return config

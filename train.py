@@ -1,0 +1,56 @@
+"""Trains an encoder: python train.py --config configs/NAME.py --workdir DIR [--config.key=value ...]
+
+Rerunning with the same workdir resumes from its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import pathlib
+import sys
+
+
+def load_config(path: str):
+  """Runs `get_config()` of a config file."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    raise SystemExit(f"no config file {path}")
+  spec = importlib.util.spec_from_file_location(f"config_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", required=True, help="a configs/*.py file")
+  parser.add_argument("--workdir", required=True, help="checkpoints, metrics, TensorBoard")
+  args, rest = parser.parse_known_args(argv)
+  overrides = []
+  for item in rest:
+    if not item.startswith("--config."):
+      parser.error(f"unrecognised argument {item!r} (overrides look like --config.key=value)")
+    overrides.append(item[len("--config."):])
+  return args, overrides
+
+
+def main(argv=None) -> None:
+  logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+  logging.getLogger("jaxencoder").setLevel(logging.INFO)
+  args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  from jaxencoder.train_config import apply_overrides
+  config = load_config(args.config)
+  try:
+    apply_overrides(config, overrides)
+  except (KeyError, ValueError, TypeError) as e:
+    raise SystemExit(f"error: {e}")
+  from jaxencoder.loop import train_and_evaluate
+  metrics = train_and_evaluate(config, args.workdir)
+  print("final eval:", " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+
+
+if __name__ == "__main__":
+  main()
