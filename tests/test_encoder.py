@@ -111,7 +111,7 @@ def test_logical_sharding_under_a_mesh_gives_the_same_outputs():
   ids = random_ids(0, (4, 8))
   variables = model.init(jax.random.key(0), ids)
   expected = model.apply(variables, ids).last_hidden_state
-  with mesh, nn.logical_axis_rules(rules):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     got = jax.jit(model.apply)(variables, ids).last_hidden_state
   np.testing.assert_allclose(got, expected, atol=1e-5)
 

