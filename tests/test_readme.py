@@ -22,6 +22,6 @@ def test_readme_examples_run_and_print_what_they_promise():
       exec(compile(block, str(README), "exec"), namespace)
   lines = printed.getvalue().splitlines()
   assert "(1, 7, 128)" in lines and "(1, 128)" in lines
-  assert "(1, 7, 384)" in lines
+  assert "(1, 7, 384)" in lines and "(6, 12, 7, 7)" in lines
   similarity = float(next(l for l in lines if l.startswith("cosine similarity")).split()[-1])
   assert 0.3 < similarity < 1.0

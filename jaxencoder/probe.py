@@ -1,0 +1,151 @@
+"""Probe what each layer of a checkpoint represents; writes OUT/report.json and PNG plots.
+
+  python -m jaxencoder.probe --pretrained HF_DIR --data tagged.txt --out probe_out
+  python -m jaxencoder.probe --checkpoint WORKDIR --data sentences.csv --out probe_out
+
+`--checkpoint` is a train.py workdir (its config, latest encoder params and
+metrics.jsonl for the training-health report); `--pretrained` a Hugging Face BERT
+directory. Data: `word/TAG` lines or `.conllu` (word-level probe), `.csv`/`.tsv`
+`text,label` rows (sentence-level probe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxencoder.checkpoint import CONFIG, restore_params_only
+from jaxencoder.config import EncoderConfig
+from jaxencoder.encoder import Encoder
+from jaxencoder.probing import features, probes, representation, study
+from jaxencoder.probing.health import HealthThresholds
+from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
+
+
+def checkpoint_dir(workdir) -> pathlib.Path:
+  workdir = pathlib.Path(workdir).absolute()
+  return workdir / "checkpoints" if (workdir / "checkpoints").is_dir() else workdir
+
+
+def read_run_config(directory) -> dict:
+  """The JSON config saved with the latest checkpoint in `directory`."""
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
+                                  item_handlers={CONFIG: ocp.JsonCheckpointHandler()})
+  try:
+    step = manager.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {directory}")
+    return manager.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()}))[
+        CONFIG]
+  finally:
+    manager.close()
+
+
+def abstract_encoder_params(cfg: EncoderConfig):
+  """ShapeDtypeStructs (single-device sharding) of the Encoder's unboxed params."""
+  ids = jnp.zeros((1, 8), jnp.int32)
+  shapes = jax.eval_shape(lambda: Encoder(cfg).init(jax.random.key(0), ids)["params"])
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+                      nn.meta.unbox(shapes))
+
+
+def load_checkpoint(workdir, tokenizer_path: str | None = None):
+  """(cfg, params, tokenizer) of a train.py run's latest checkpoint."""
+  directory = checkpoint_dir(workdir)
+  config = read_run_config(directory)
+  cfg = EncoderConfig.from_dict(config["model"])
+  params = restore_params_only(directory, abstract_encoder_params(cfg))
+  vocab = tokenizer_path or config.get("data", {}).get("tokenizer") or default_tokenizer_path()
+  if not vocab:
+    raise FileNotFoundError("no tokenizer: pass --tokenizer (vocab.txt / tokenizer.json)")
+  return cfg, params, Tokenizer.from_file(vocab)
+
+
+def load_pretrained(hf_dir, tokenizer_path: str | None = None):
+  """(cfg, params, tokenizer) of a Hugging Face BERT dir (via jaxencoder.pretrained)."""
+  from jaxencoder import pretrained  # imported lazily: an optional, separate module
+  cfg, params, tokenizer = pretrained.load(hf_dir)
+  params = params["encoder"] if "encoder" in params else params
+  if tokenizer_path or tokenizer is None:
+    tokenizer = Tokenizer.from_file(tokenizer_path or hf_dir)
+  return cfg, params, tokenizer
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(prog="python -m jaxencoder.probe", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  source = p.add_mutually_exclusive_group(required=True)
+  source.add_argument("--checkpoint", help="a train.py workdir (or its checkpoints/ dir)")
+  source.add_argument("--pretrained", help="a Hugging Face BERT directory")
+  p.add_argument("--data", required=True, help="word/TAG, .conllu, or .csv/.tsv file")
+  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--tokenizer", help="override the tokenizer (vocab.txt / tokenizer.json)")
+  p.add_argument("--pool", help="word: first|mean; sentence: cls|mean")
+  p.add_argument("--max-sentences", type=int)
+  p.add_argument("--max-length", type=int, default=128)
+  p.add_argument("--batch-size", type=int, default=32)
+  p.add_argument("--stream", action="store_true", help="features as per-layer .npy memmaps")
+  p.add_argument("--mlp", action="store_true", help="also an MLP probe per layer")
+  p.add_argument("--no-control", action="store_true", help="skip the control task")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--l2", type=float, default=1e-4)
+  p.add_argument("--max-epochs", type=int, default=40)
+  p.add_argument("--sentence", help="sentence for the attention heat maps (default: first)")
+  p.add_argument("--collapse", default="{}", help='JSON, e.g. {"max_mean_cosine": 0.95}')
+  p.add_argument("--health", default="{}", help='JSON, e.g. {"max_gap": 0.2}')
+  return p.parse_args(argv)
+
+
+def options_from(args: argparse.Namespace) -> study.StudyOptions:
+  return study.StudyOptions(
+      pool=args.pool, batch_size=args.batch_size, max_length=args.max_length,
+      stream=args.stream, mlp=args.mlp, control=not args.no_control,
+      probe=probes.ProbeConfig(seed=args.seed, l2=args.l2, max_epochs=args.max_epochs),
+      collapse=representation.CollapseThresholds.from_dict(json.loads(args.collapse)),
+      health_thresholds=HealthThresholds.from_dict(json.loads(args.health)),
+      attention_sentence=args.sentence)
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  if args.checkpoint:
+    cfg, params, tokenizer = load_checkpoint(args.checkpoint, args.tokenizer)
+  else:
+    cfg, params, tokenizer = load_pretrained(args.pretrained, args.tokenizer)
+  dataset = features.read_dataset(args.data, max_sentences=args.max_sentences)
+  rep = study.run(cfg, params, tokenizer, dataset, args.out, options_from(args),
+                  workdir=args.checkpoint, source=args.checkpoint or args.pretrained)
+  print(summary(rep))
+  print(f"wrote {pathlib.Path(args.out) / 'report.json'} and {len(rep['plots'])} plots")
+  return rep
+
+
+def summary(rep: dict) -> str:
+  """A plain-text table: per layer, probe accuracy / selectivity and health."""
+  lines = ["layer  " + "  ".join(f"{k}_acc  {k}_sel" for k in rep["probes"])
+           + "  mean_cos  erank_c  collapsed"]
+  for n, health_n in enumerate(rep["representation"]):
+    cells = []
+    for result in rep["probes"].values():
+      row = result["layers"][n]
+      cells.append(f"{row['accuracy']:.3f}  {row.get('selectivity', float('nan')):+.3f}")
+    lines.append(f"{n:5d}  " + "  ".join(cells) + f"  {health_n['anisotropy']:8.3f}"
+                 f"  {health_n['effective_rank_centered']:7.1f}  {health_n['collapsed']}")
+  if rep.get("attention"):
+    entropy_NxH = np.asarray(rep["attention"]["entropy"])
+    lines.append("attention entropy (nats), layer x head:")
+    lines += [f"{n + 1:5d}  " + " ".join(f"{v:.2f}" for v in row)
+              for n, row in enumerate(entropy_NxH)]
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  main()

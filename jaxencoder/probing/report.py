@@ -1,0 +1,129 @@
+"""The probing report: one JSON file and PNG plots (matplotlib, Agg backend) in a directory."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+
+def to_jsonable(value):
+  """Plain JSON: numpy arrays/scalars -> lists/numbers, NaN/inf -> None, tuples -> lists."""
+  if isinstance(value, Mapping):
+    return {str(k): to_jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [to_jsonable(v) for v in value]
+  if isinstance(value, np.ndarray):
+    return to_jsonable(value.tolist())
+  if isinstance(value, np.generic):
+    value = value.item()
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
+
+
+def write_json(report: Mapping, path) -> pathlib.Path:
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(to_jsonable(report), indent=1) + "\n")
+  return path
+
+
+def _pyplot():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _save(fig, path) -> pathlib.Path:
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  _pyplot().close(fig)
+  return path
+
+
+def plot_probe_accuracy(probe: Mapping, path, title: str = "probe accuracy by layer"):
+  """Task and control accuracy per layer, majority baseline, selectivity bars."""
+  plt = _pyplot()
+  layers = [r["layer"] for r in probe["layers"]]
+  fig, ax = plt.subplots(figsize=(6, 4))
+  ax.plot(layers, [r["accuracy"] for r in probe["layers"]], "o-", label="task")
+  low = 0.0
+  if "control_accuracy" in probe["layers"][0]:
+    selectivity = [r["selectivity"] for r in probe["layers"]]
+    ax.plot(layers, [r["control_accuracy"] for r in probe["layers"]], "s--", label="control")
+    ax.bar(layers, selectivity, alpha=0.3, label="selectivity")
+    low = min(low, min(selectivity) - 0.05)  # selectivity can be negative
+  ax.axhline(probe["majority_baseline"], color="gray", ls=":", label="majority")
+  ax.set(xlabel="layer (0 = embeddings)", ylabel="accuracy", ylim=(low, 1), title=title,
+         xticks=layers)
+  ax.legend(loc="lower right")
+  return _save(fig, path)
+
+
+def plot_head_heatmap(values_NxH: np.ndarray, path, title: str = "attention entropy (nats)"):
+  """A layer x head heat map with the value written in each cell."""
+  plt = _pyplot()
+  values_NxH = np.asarray(values_NxH)
+  n, h = values_NxH.shape
+  fig, ax = plt.subplots(figsize=(max(4, 0.55 * h + 2), max(3, 0.45 * n + 1.5)))
+  image = ax.imshow(values_NxH, cmap="viridis", aspect="auto")
+  for i in range(n):
+    for j in range(h):
+      ax.text(j, i, f"{values_NxH[i, j]:.2f}", ha="center", va="center", fontsize=6,
+              color="w")
+  ax.set(xlabel="head", ylabel="layer", title=title, xticks=range(h),
+         yticks=range(n), yticklabels=[str(i + 1) for i in range(n)])
+  fig.colorbar(image, ax=ax)
+  return _save(fig, path)
+
+
+def plot_cosine_by_layer(health: Sequence[Mapping], path):
+  """Mean pairwise cosine per layer with its 5-95% and 25-75% quantile bands."""
+  plt = _pyplot()
+  layers = [r["layer"] for r in health]
+  q = np.array([r["cosine"]["quantiles"] for r in health])
+  fig, ax = plt.subplots(figsize=(6, 4))
+  ax.fill_between(layers, q[:, 0], q[:, 4], alpha=0.2, label="5-95%")
+  ax.fill_between(layers, q[:, 1], q[:, 3], alpha=0.3, label="25-75%")
+  ax.plot(layers, [r["cosine"]["mean"] for r in health], "o-", label="mean")
+  ax.set(xlabel="layer (0 = embeddings)", ylabel="pairwise cosine", ylim=(-1, 1),
+         title="cosine similarity by layer", xticks=layers)
+  ax.legend(loc="lower right")
+  return _save(fig, path)
+
+
+def plot_attention_maps(tokens: Sequence[str], probs_NxHxTxT: np.ndarray, path):
+  """A grid of attention maps (rows: layers, columns: heads) for one sentence."""
+  plt = _pyplot()
+  n, h, t, _ = probs_NxHxTxT.shape
+  fig, axes = plt.subplots(n, h, figsize=(1.6 * h + 1, 1.6 * n + 1), squeeze=False)
+  for i in range(n):
+    for j in range(h):
+      ax = axes[i, j]
+      ax.imshow(probs_NxHxTxT[i, j], cmap="Blues", vmin=0, vmax=1)
+      ax.set_xticks([])
+      ax.set_yticks([])
+      if i == 0:
+        ax.set_title(f"head {j}", fontsize=7)
+      if j == 0:
+        ax.set_ylabel(f"layer {i + 1}", fontsize=7)
+  fig.suptitle("attention: " + " ".join(tokens)[:150], fontsize=8)
+  return _save(fig, path)
+
+
+def plot_attention_map(tokens: Sequence[str], probs_TxT: np.ndarray, path, title: str = ""):
+  """One attention map, with the tokens on both axes (query rows, key columns)."""
+  plt = _pyplot()
+  t = len(tokens)
+  fig, ax = plt.subplots(figsize=(0.3 * t + 2, 0.3 * t + 1.5))
+  ax.imshow(probs_TxT, cmap="Blues", vmin=0, vmax=1)
+  ax.set_xticks(range(t), tokens, rotation=90, fontsize=7)
+  ax.set_yticks(range(t), tokens, fontsize=7)
+  ax.set(xlabel="key", ylabel="query", title=title)
+  return _save(fig, path)

@@ -1,0 +1,93 @@
+"""One probing study end to end: features -> probes, attention, health -> report + plots.
+
+  report = study.run(cfg, params, tokenizer, dataset, "out/")   # also writes out/*.png
+
+Takes `(cfg, params, tokenizer)` directly, so any checkpoint source works.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+
+import numpy as np
+
+from jaxencoder.config import EncoderConfig
+from jaxencoder.probing import features as features_lib
+from jaxencoder.probing import health, probes, report, representation
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyOptions:
+  pool: str | None = None  # see features.extract
+  batch_size: int = 32
+  max_length: int = 128
+  stream: bool = False  # per-layer memmaps under out_dir/features
+  probe: probes.ProbeConfig = probes.ProbeConfig()
+  mlp: bool = False  # also an MLP probe per layer
+  control: bool = True  # control task + selectivity (word level only)
+  sparsity_threshold: float = 0.1
+  collapse: representation.CollapseThresholds = representation.CollapseThresholds()
+  health_thresholds: health.HealthThresholds = health.HealthThresholds()
+  attention_sentence: str | list[str] | None = None  # default: the first sentence
+
+
+def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, out_dir,
+        options: StudyOptions = StudyOptions(), *, workdir=None, source: str = "") -> dict:
+  """Runs every analysis, writes out_dir/report.json and the PNG plots; returns the report."""
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  started = time.time()
+  feats = features_lib.extract(
+      cfg, params, tokenizer, dataset, pool=options.pool, batch_size=options.batch_size,
+      max_length=options.max_length, sparsity_threshold=options.sparsity_threshold,
+      out_dir=out_dir / "features" if options.stream else None)
+  rep = {"source": source, "model": _model_summary(cfg), "data": feats.info,
+         "labels": feats.label_names, "extract_seconds": time.time() - started}
+  rep["probes"] = _probes(feats, options)
+  rep["representation"] = representation.all_layers(feats.layers, options.collapse,
+                                                    seed=options.probe.seed)
+  rep["collapse_thresholds"] = dataclasses.asdict(options.collapse)
+  rep["attention"] = feats.attention
+  if workdir is not None and (pathlib.Path(workdir) / "metrics.jsonl").exists():
+    rep["training_health"] = health.workdir_health(workdir, options.health_thresholds)
+  rep["plots"] = _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options)
+  rep["seconds"] = time.time() - started
+  report.write_json(rep, out_dir / "report.json")
+  return rep
+
+
+def _model_summary(cfg: EncoderConfig) -> dict:
+  return {"num_layers": cfg.num_layers, "emb_dim": cfg.emb_dim, "num_heads": cfg.num_heads,
+          "norm_position": cfg.norm_position, "attention_impl": cfg.attention_impl}
+
+
+def _probes(feats: features_lib.Features, options: StudyOptions) -> dict:
+  types = feats.types if options.control else None
+  kinds = [options.probe] + ([dataclasses.replace(options.probe, kind="mlp")]
+                             if options.mlp else [])
+  return {cfg.kind: probes.probe_all_layers(feats.layers, feats.labels_M, feats.sentence_ids_M,
+                                            len(feats.label_names), cfg, types=types)
+          for cfg in kinds}
+
+
+def _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options) -> list[str]:
+  paths = []
+  for kind, result in rep["probes"].items():
+    paths.append(report.plot_probe_accuracy(result, out_dir / f"probe_{kind}.png",
+                                            f"{kind} probe accuracy by layer"))
+  paths.append(report.plot_cosine_by_layer(rep["representation"], out_dir / "cosine.png"))
+  if feats.attention is not None:
+    paths.append(report.plot_head_heatmap(feats.attention["entropy"],
+                                          out_dir / "attention_entropy.png"))
+    sentence = options.attention_sentence or dataset.sentences[0]
+    tokens, probs_NxHxTxT = features_lib.sentence_attention(cfg, params, tokenizer, sentence)
+    paths.append(report.plot_attention_maps(tokens, probs_NxHxTxT,
+                                            out_dir / "attention_maps.png"))
+    layer, head = np.unravel_index(np.argmin(feats.attention["entropy"]),
+                                   feats.attention["entropy"].shape)
+    paths.append(report.plot_attention_map(
+        tokens, probs_NxHxTxT[layer, head], out_dir / "attention_head.png",
+        f"lowest-entropy head: layer {layer + 1}, head {head}"))
+  return [str(p) for p in paths]

@@ -1,0 +1,158 @@
+"""Feature extraction on a tiny encoder (buckets, pooling, streaming) and the probe CLI."""
+
+import json
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from data_helpers import VOCAB, WORDS, tiny_tokenizer
+from jaxencoder import Encoder
+from jaxencoder.checkpoint import Checkpointer
+from jaxencoder.probing import features
+
+TAGS = {w: ("DET" if w in ("the", "a", "an") else "NOUN" if i % 2 else "VERB")
+        for i, w in enumerate(WORDS)}
+
+
+@pytest.fixture(scope="module")
+def model():
+  cfg = tiny_config(vocab_size=len(VOCAB), max_len=64)
+  params = jax.jit(Encoder(cfg).init)(jax.random.key(0), np.ones((1, 8), np.int32))["params"]
+  params = nn.meta.unbox(params)  # as train.py checkpoints store them
+  return cfg, params, tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def apply(model):
+  """The tiny encoder's apply, jitted (one compile beats eager op-by-op dispatch)."""
+  cfg = model[0]
+  jitted = jax.jit(Encoder(cfg).apply, static_argnames=("output_hidden_states",))
+  return lambda params, ids, **kw: jitted({"params": params}, ids, **kw)
+
+
+def tagged_dataset(lengths, seed: int = 0) -> features.Dataset:
+  rng = np.random.default_rng(seed)
+  words = [list(rng.choice(WORDS, size=n)) for n in lengths]
+  return features.Dataset("word", words, [[TAGS[w] for w in s] for s in words])
+
+
+def test_extraction_compiles_once_per_bucket_across_many_lengths(model):
+  cfg, params, tok = model
+  dataset = tagged_dataset(range(1, 50))  # 49 lengths, 3 + 1 .. 3 + 49 tokens
+  feats = features.extract(cfg, params, tok, dataset, batch_size=4, max_length=64)
+  buckets_used = {features.bucket_for(n + 2, (16, 32, 64)) for n in range(1, 50)}
+  assert feats.info["buckets"] == [16, 32, 64]
+  assert feats.info["compiles"] == len(buckets_used) == 3
+  assert len(feats.layers) == cfg.num_layers + 1
+  assert feats.layers[0].shape == (sum(range(1, 50)), cfg.emb_dim)
+
+
+def test_word_features_equal_unpadded_hidden_states_at_first_subword(model, apply):
+  cfg, params, tok = model
+  dataset = tagged_dataset([3, 9, 5, 14])
+  feats = features.extract(cfg, params, tok, dataset, batch_size=3)
+  s = 2  # the third sentence: its items follow those of sentences 0 and 1
+  enc = tok.encode(dataset.sentences[s], is_pretokenized=True)
+  out = apply(params, enc["input_ids"][None], output_hidden_states=True)
+  first_W = enc["first_subword_index"]
+  start = 3 + 9
+  for n, h_1xLxD in enumerate(out.hidden_states):
+    np.testing.assert_allclose(feats.layers[n][start:start + 5], h_1xLxD[0, first_W],
+                               atol=1e-5)
+  assert feats.types[start:start + 5] == dataset.sentences[s]
+  assert list(feats.sentence_ids_M[start:start + 5]) == [s] * 5
+
+
+def test_sentence_cls_features_equal_position_zero(model, apply):
+  cfg, params, tok = model
+  dataset = features.Dataset("sentence", ["the cat sat", "a dog ran far away"], ["x", "y"])
+  feats = features.extract(cfg, params, tok, dataset, batch_size=2)
+  enc = tok.encode("a dog ran far away")
+  out = apply(params, enc["input_ids"][None], output_hidden_states=True)
+  np.testing.assert_allclose(feats.layers[-1][1], out.hidden_states[-1][0, 0], atol=1e-5)
+  assert list(feats.labels_M) == [0, 1] and feats.label_names == ["x", "y"]
+
+
+def test_streamed_features_are_npy_memmaps_equal_to_in_memory_ones(model, tmp_path):
+  cfg, params, tok = model
+  dataset = tagged_dataset([4, 7, 2])
+  in_memory = features.extract(cfg, params, tok, dataset, pool="mean", batch_size=2)
+  streamed = features.extract(cfg, params, tok, dataset, pool="mean", batch_size=2,
+                              out_dir=tmp_path)
+  for n in range(cfg.num_layers + 1):
+    on_disk = np.load(tmp_path / f"layer_{n:02d}.npy", mmap_mode="r")
+    np.testing.assert_array_equal(on_disk, in_memory.layers[n])
+    np.testing.assert_array_equal(streamed.layers[n], in_memory.layers[n])
+  loaded = features.load_features(tmp_path)
+  np.testing.assert_array_equal(loaded.layers[-1], in_memory.layers[-1])
+  np.testing.assert_array_equal(loaded.labels_M, in_memory.labels_M)
+  assert loaded.types == in_memory.types and loaded.label_names == in_memory.label_names
+  np.testing.assert_allclose(loaded.attention["entropy"], in_memory.attention["entropy"])
+
+
+def test_read_dataset_picks_the_level_from_the_file_kind(tmp_path):
+  (tmp_path / "s.csv").write_text("text,label\nthe cat sat,pos\na dog ran,neg\n")
+  conllu = "1\tthe\t_\tDET\t_\t_\t2\tdet\t_\t_\n2\tcat\t_\tNOUN\t_\t_\t0\troot\t_\t_\n"
+  (tmp_path / "t.conllu").write_text(conllu + "\n")
+  sentences = features.read_dataset(tmp_path / "s.csv")
+  words = features.read_dataset(tmp_path / "t.conllu")
+  assert (sentences.level, sentences.labels) == ("sentence", ["pos", "neg"])
+  assert (words.level, words.sentences, words.labels) == ("word", [["the", "cat"]],
+                                                         [["DET", "NOUN"]])
+
+
+def write_checkpoint(workdir, cfg, params, vocab_path):
+  """A train.py-style workdir: checkpoints/<step> (state + config) and metrics.jsonl."""
+  with Checkpointer(workdir / "checkpoints", save_interval_steps=1, max_to_keep=1) as ckpt:
+    ckpt.save(3, {"params": {"encoder": params}}, force=True,
+              config={"model": cfg.to_dict(), "data": {"tokenizer": str(vocab_path)}})
+    ckpt.wait()
+  lines = [{"step": s, "split": "train", "loss": 3.0 - 0.1 * s} for s in range(1, 21)]
+  lines.append({"step": 20, "split": "eval", "loss": 1.2})
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_cli_on_a_tiny_checkpoint_writes_the_report_and_plots(model, tmp_path):
+  from jaxencoder import probe
+  cfg, params, _ = model
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(VOCAB) + "\n")
+  write_checkpoint(tmp_path / "run", cfg, params, vocab)
+  data = tmp_path / "tags.txt"
+  dataset = tagged_dataset([5 + i % 9 for i in range(60)])
+  data.write_text("\n".join(" ".join(f"{w}/{t}" for w, t in zip(ws, ts))
+                            for ws, ts in zip(dataset.sentences, dataset.labels)) + "\n")
+  out = tmp_path / "out"
+  probe.main(["--checkpoint", str(tmp_path / "run"), "--data", str(data), "--out", str(out),
+              "--max-epochs", "3", "--mlp"])
+  report = json.loads((out / "report.json").read_text())
+  assert len(report["probes"]["linear"]["layers"]) == cfg.num_layers + 1
+  assert {"accuracy", "control_accuracy", "selectivity"} <= set(
+      report["probes"]["mlp"]["layers"][0])
+  assert np.array(report["attention"]["entropy"]).shape == (cfg.num_layers, cfg.num_heads)
+  assert report["training_health"]["verdict"] == "healthy"
+  assert len(report["representation"]) == cfg.num_layers + 1
+  names = ("probe_linear", "probe_mlp", "attention_entropy", "cosine", "attention_maps",
+           "attention_head")
+  for name in names:
+    png = out / f"{name}.png"
+    assert png.read_bytes()[:4] == b"\x89PNG", name
+
+
+def test_cli_reads_a_hugging_face_bert_directory(model, tmp_path):
+  pretrained = pytest.importorskip("jaxencoder.pretrained")
+  from jaxencoder import probe
+  cfg, params, tok = model
+  pretrained.save(tmp_path / "hf", cfg, params, tok)
+  data = tmp_path / "s.csv"
+  data.write_text("text,label\n" + "".join(
+      f"{' '.join(WORDS[i % 7:i % 7 + 4])},{'yes' if i % 2 else 'no'}\n" for i in range(40)))
+  out = tmp_path / "out"
+  report = probe.main(["--pretrained", str(tmp_path / "hf"), "--data", str(data),
+                       "--out", str(out), "--max-epochs", "2", "--pool", "mean"])
+  assert report["data"]["level"] == "sentence" and report["data"]["pool"] == "mean"
+  assert "control_accuracy" not in report["probes"]["linear"]["layers"][0]
+  assert (out / "report.json").exists() and (out / "probe_linear.png").exists()
