@@ -28,6 +28,11 @@ def parse_args(argv):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", required=True, help="a configs/*.py file")
   parser.add_argument("--workdir", required=True, help="checkpoints, metrics, TensorBoard")
+  group = parser.add_argument_group(
+      "multi-process", "one process per host (or GPU); auto-detected on Cloud TPU and SLURM")
+  group.add_argument("--coordinator_address", help="host:port of process 0")
+  group.add_argument("--num_processes", type=int)
+  group.add_argument("--process_id", type=int)
   args, rest = parser.parse_known_args(argv)
   overrides = []
   for item in rest:
@@ -41,15 +46,19 @@ def main(argv=None) -> None:
   logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
   logging.getLogger("jaxencoder").setLevel(logging.INFO)
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  from jaxencoder import distributed
+  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
   from jaxencoder.train_config import apply_overrides
   config = load_config(args.config)
   try:
     apply_overrides(config, overrides)
   except (KeyError, ValueError, TypeError) as e:
     raise SystemExit(f"error: {e}")
+  import jax
   from jaxencoder.loop import train_and_evaluate
   metrics = train_and_evaluate(config, args.workdir)
-  print("final eval:", " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+  if jax.process_index() == 0:
+    print("final eval:", " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
 
 
 if __name__ == "__main__":

@@ -20,11 +20,13 @@ import ml_collections
 import numpy as np
 import tqdm
 
+from jaxencoder import distributed
 from jaxencoder import sharding as sharding_lib
 from jaxencoder import steps
 from jaxencoder.checkpoint import Checkpointer, restore_params_only
-from jaxencoder.metrics import MetricWriter, compiled_flops, throughput
+from jaxencoder.metrics import MetricWriter, throughput
 from jaxencoder.optim import make_optimizer
+from jaxencoder.steppers import make_stepper
 from jaxencoder.task_data import Pipelines, make_pipelines
 from jaxencoder.tasks import Task, make_task, summarize
 from jaxencoder.train_config import encoder_config, finalize
@@ -104,8 +106,7 @@ def restore_or_init(run: Run, example) -> steps.TrainState:
   if run.checkpointer.latest_step() is not None:
     abstract = steps.abstract_state(run.task, run.tx, example, run.mesh, run.rules)
     state, data_state, _ = run.checkpointer.restore(abstract_state=abstract)
-    if data_state is not None:
-      run.train_iter.set_state(data_state)
+    restore_data_position(run.train_iter, data_state, int(state.step))
     log.info("resumed from %s at step %d", run.checkpointer.directory, int(state.step))
     return state
   state = steps.init_state(run.task, run.tx, example, jax.random.key(config.seed),
@@ -113,6 +114,24 @@ def restore_or_init(run: Run, example) -> steps.TrainState:
   if config.init_from:
     state = load_encoder(state, config.init_from, run.shardings)
   return state
+
+
+def data_position(iterator) -> dict[str, Any]:
+  """Every process's iterator state (gathered), for the checkpoint."""
+  return {"process_count": jax.process_count(),
+          "states": distributed.gather_json(iterator.get_state())}
+
+
+def restore_data_position(iterator, data_state, step: int) -> None:
+  """Restores this process's iterator state; with another process count, where
+  saved states do not apply, skips the `step` batches already consumed instead."""
+  if data_state and data_state.get("process_count") == jax.process_count():
+    iterator.set_state(data_state["states"][jax.process_index()])
+    return
+  log.warning("data position saved with %s processes, running with %d: skipping %d batches",
+              (data_state or {}).get("process_count"), jax.process_count(), step)
+  for _ in range(step):
+    next(iterator)
 
 
 def load_encoder(state: steps.TrainState, init_from: str, shardings) -> steps.TrainState:
@@ -164,7 +183,7 @@ def save(run: Run, eval_metrics: dict[str, float] | None, *, force: bool = False
   check_finite(run.state)
   step = int(run.state.step)
   metrics = {f"eval_{k}": v for k, v in eval_metrics.items()} if eval_metrics else None
-  run.checkpointer.save(step, run.state, data_state=run.train_iter.get_state(),
+  run.checkpointer.save(step, run.state, data_state=data_position(run.train_iter),
                         config=run.config.to_dict(), metrics=metrics, force=force)
 
 
@@ -185,35 +204,36 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
 def _train(run: Run, preemption: _Preemption) -> dict[str, float]:
   config = run.config
-  train_step = steps.jit_train_step(run.task, run.tx, jax.random.key(config.seed + 1),
-                                    run.shardings, run.mesh)
+  stepper = make_stepper(config.parallelism, run.task, run.tx, jax.random.key(config.seed + 1),
+                         run.shardings, run.mesh, run.rules, run.state, peek(run.train_iter))
   eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
   start = int(run.state.step)
-  example = sharding_lib.put_batch(peek(run.train_iter), run.mesh)
-  with steps.mesh_context(run.mesh, run.rules):
-    train_step = train_step.lower(run.state, example).compile()
-  flops = compiled_flops(train_step)
+  state = stepper.from_canonical(run.state)
   eval_metrics: dict[str, float] = {}
   bar = tqdm.tqdm(total=config.num_train_steps, initial=start, dynamic_ncols=True,
                   disable=not config.progress_bar or jax.process_index() != 0)
   window, tick = [], time.perf_counter()
   for step in range(start, config.num_train_steps):
-    batch = sharding_lib.put_batch(next(run.train_iter), run.mesh)
-    run.state, sums = train_step(run.state, batch)
+    host_batch = next(run.train_iter)
+    state, sums = stepper.step(state, stepper.put(host_batch))
     window.append(sums)
     bar.update(1)
     done = step + 1
-    if done % config.log_every == 0 or done == config.num_train_steps:
-      tick = _log_train(run, window, done, tick, batch, flops, bar)
+    at_end = done == config.num_train_steps
+    log_now = done % config.log_every == 0 or at_end
+    eval_now = done % config.eval_every == 0 or at_end
+    save_now = done % config.checkpoint_every == 0 or at_end or preemption.requested
+    if log_now or eval_now or save_now:
+      run.state = stepper.canonical(state)
+    if log_now:
+      tick = _log_train(run, window, done, tick, host_batch, stepper.flops, bar)
       window = []
-    if done % config.eval_every == 0 or done == config.num_train_steps:
+    if eval_now:
       eval_metrics = evaluate(run, eval_step)
       run.writer.write(done, "eval", eval_metrics)
       log.info("step %d eval %s", done, _fmt(eval_metrics))
-    at_end = done == config.num_train_steps
-    if done % config.checkpoint_every == 0 or at_end or preemption.requested:
-      save(run, eval_metrics if done % config.eval_every == 0 or at_end else None,
-           force=at_end or preemption.requested)
+    if save_now:
+      save(run, eval_metrics if eval_now else None, force=at_end or preemption.requested)
     if preemption.requested:
       log.warning("SIGTERM: saved step %d, exiting", done)
       break
@@ -233,9 +253,9 @@ def _log_train(run: Run, window, done: int, tick: float, batch, flops, bar) -> f
   values = summarize(sums)
   values["grad_norm"] = float(np.mean([w["grad_norm"] for w in host]))
   values["learning_rate"] = float(run.schedule(done))
-  mask = batch.get("attention_mask")
-  tokens = int(np.prod(mask.shape)) if mask is not None else 0
-  examples = int(next(iter(batch.values())).shape[0])
+  mask = batch.get("attention_mask")  # this process's rows of the global batch
+  tokens = int(np.prod(mask.shape)) * jax.process_count() if mask is not None else 0
+  examples = int(next(iter(batch.values())).shape[0]) * jax.process_count()
   values.update(throughput((now - tick) / len(window), tokens, examples, flops,
                            jax.device_count()))
   run.writer.write(done, "train", values)

@@ -78,11 +78,28 @@ def abstract_state(task: Task, tx, example_batch, mesh: Mesh, rules) -> TrainSta
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, task: Task,
-               tx: optax.GradientTransformation, base_rng: jax.Array):
-  """One optimizer step. Returns (new state, metric sums incl. grad_norm)."""
+               tx: optax.GradientTransformation, base_rng: jax.Array,
+               axis_name: str | None = None):
+  """One optimizer step. Returns (new state, metric sums incl. grad_norm and loss).
+
+  Gradients are those of sum(loss) / sum(weight) over the whole batch. Under pmap
+  (`axis_name`), each device's gradient sums and metric sums are psum-ed first, so
+  the update equals the jit path's for the same global batch.
+  """
   rng = jax.random.fold_in(base_rng, state.step)
-  grad_fn = jax.value_and_grad(task.loss_fn, has_aux=True)
-  (loss, sums), grads = grad_fn(state.params, batch, rng, True)
+  if axis_name is not None:
+    rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
+
+  def loss_sum(params):
+    _, sums = task.loss_fn(params, batch, rng, True)
+    return sums["loss_sum"], sums
+
+  (_, sums), grads = jax.value_and_grad(loss_sum, has_aux=True)(state.params)
+  if axis_name is not None:
+    grads, sums = jax.lax.psum((grads, sums), axis_name)
+  weight = jnp.maximum(sums["loss_weight"], 1.0)
+  grads = jax.tree.map(lambda g: g / weight, grads)
+  loss = sums["loss_sum"] / weight
   grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -109,6 +126,14 @@ def jit_train_step(task: Task, tx, base_rng, shardings: TrainState, mesh: Mesh):
   batch_sharding = sharding_lib.batch_sharding(mesh)
   return jax.jit(step, in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, None), donate_argnums=0)
+
+
+def pmap_train_step(task: Task, tx, base_rng):
+  """train_step under jax.pmap over the local devices (replicated state, per-device
+  batches [devices, B / devices, ...]); for pmap-era code. The jit path is the default."""
+  step = lambda state, batch: train_step(state, batch, task=task, tx=tx, base_rng=base_rng,
+                                         axis_name="batch")
+  return jax.pmap(step, axis_name="batch", donate_argnums=0)
 
 
 def jit_eval_step(task: Task, shardings: TrainState, mesh: Mesh):

@@ -7,6 +7,7 @@ import pathlib
 from typing import Any, Callable
 
 import grain
+import jax
 import ml_collections
 import numpy as np
 
@@ -78,6 +79,15 @@ def _num_classes(data_cfg, name: str) -> int | None:
   return len(sources.label_names(name, tfds_dir, feature=feature))
 
 
+def local_batch_size(global_batch_size: int) -> int:
+  """This process's rows of a global batch (every process reads its own rows)."""
+  processes = jax.process_count()
+  if global_batch_size % processes:
+    raise ValueError(f"batch size {global_batch_size} is not divisible by the "
+                     f"{processes} processes")
+  return global_batch_size // processes
+
+
 def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
   """Builds the pipelines the task and data kind call for."""
   data_cfg = config.data
@@ -106,7 +116,8 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
     raise ValueError(f"data.kind={data_cfg.kind!r} is not one of "
                      "text_corpus, text_classification, tagged_tokens, image_arrays, time_series")
 
-  train = build(train_src, batch_size=config.batch_size, num_epochs=None, train=True)
-  make_eval = lambda: build(eval_src, batch_size=config.eval_batch_size, num_epochs=1,
-                            train=False)
+  train = build(train_src, batch_size=local_batch_size(config.batch_size), num_epochs=None,
+                train=True)
+  make_eval = lambda: build(eval_src, batch_size=local_batch_size(config.eval_batch_size),
+                            num_epochs=1, train=False)
   return Pipelines(train, make_eval, _num_classes(data_cfg, name), tok)

@@ -71,7 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
   c.logical_axis_rules = [(name, axes) for name, axes in DEFAULT_RULES]
   c.init_from = ""  # a checkpoint directory: load its encoder params into a new head
-  c.parallelism = "jit"
+  c.parallelism = "jit"  # jit (default, any mesh) | pmap (compatibility: data parallel only)
   c.progress_bar = True
   return c
 

@@ -110,3 +110,14 @@ def test_series_pipeline_pads_with_mask_and_rejects_too_long():
   with pytest.raises(DataError, match=r"a.ts:9: series of 3 steps > length=2"):
     list(pipeline.series_pipeline(source, length=2, batch_size=1, shard_index=0,
                                   shard_count=1))
+
+
+def test_process_shards_hold_their_rows_of_the_same_global_batches():
+  """2 processes x 3 rows see exactly the rows of 1 process x 6, MLM masks included."""
+  source = sentences(41)
+  whole = list(_mlm(source, batch_size=6))
+  parts = [list(_mlm(source, batch_size=3, shard_index=p, shard_count=2)) for p in range(2)]
+  assert len(parts[0]) == len(parts[1]) == len(whole) == 7  # the last one partly filled
+  for k, batch in enumerate(whole):
+    for key, value in batch.items():
+      np.testing.assert_array_equal(np.concatenate([parts[0][k][key], parts[1][k][key]]), value)

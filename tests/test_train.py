@@ -292,3 +292,20 @@ def test_sigterm_saves_before_exit(corpus, tmp_path):
   saved = Checkpointer(tmp_path / "checkpoints", save_interval_steps=1, max_to_keep=None)
   last_logged = max(r["step"] for r in read_metrics(tmp_path) if r["split"] == "train")
   assert saved.latest_step() == last_logged >= 5  # saved where it stopped
+
+
+def test_pmap_mode_matches_jit_and_shares_checkpoints(corpus, tmp_path):
+  root, source, vocab = corpus
+  def config(parallelism, total):
+    c = th.tiny_config(root, source, vocab, dropout_rate=0.0, attention_dropout_rate=0.0)
+    c.parallelism, c.num_train_steps, c.optim.total_steps = parallelism, total, 6
+    return c
+  train_and_evaluate(config("jit", 6), tmp_path / "jit")
+  train_and_evaluate(config("pmap", 3), tmp_path / "pmap")
+  train_and_evaluate(config("jit", 6), tmp_path / "pmap")  # pmap checkpoint -> jit path
+  np.testing.assert_allclose(train_losses(tmp_path / "pmap"), train_losses(tmp_path / "jit"),
+                             atol=1e-5)
+  train_and_evaluate(config("jit", 3), tmp_path / "back")
+  train_and_evaluate(config("pmap", 6), tmp_path / "back")  # jit checkpoint -> pmap
+  np.testing.assert_allclose(train_losses(tmp_path / "back"), train_losses(tmp_path / "jit"),
+                             atol=1e-5)

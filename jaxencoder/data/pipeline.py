@@ -20,8 +20,12 @@ Batch keys (dicts of numpy arrays; B batch, L length):
 A short final batch (finite epochs, drop_remainder=False) is filled with
 all-padding rows (masks and weights 0) so that every batch has shape [B, ...].
 
-Sharding: element i of the source goes to shard i % shard_count (disjoint,
-complete); shard defaults to jax.process_index() / jax.process_count().
+Sharding: every process shuffles the same global order (same seed) and reads only
+its rows of each global batch: with b rows per process and n processes, global
+batch k holds elements k*b*n .. k*b*n + b*n - 1, and process p reads the b of them
+at offset p*b (disjoint, complete). So the global batches, MLM masks included
+(seeded by global index), are the same for any number of processes. The shard
+defaults to jax.process_index() / jax.process_count().
 """
 
 from __future__ import annotations
@@ -48,14 +52,33 @@ def _shard(shard_index, shard_count) -> tuple[int, int]:
   return shard_index, shard_count
 
 
-def examples(source, *, seed: int | None = 0, num_epochs: int | None = 1,
-             shard_index: int | None = None, shard_count: int | None = None) -> grain.MapDataset:
-  """This process's shard of `source`, shuffled per epoch by `seed` (None: keep order)."""
-  index, count = _shard(shard_index, shard_count)
-  ds = grain.MapDataset.source(source)[index::count]
+def examples(source, *, seed: int | None = 0, num_epochs: int | None = 1) -> grain.MapDataset:
+  """All of `source`, shuffled by `seed` (None: keep order), repeated; shard with `shard`."""
+  ds = grain.MapDataset.source(source)
   if seed is not None:
     ds = ds.shuffle(seed=seed)
   return ds.repeat(num_epochs)
+
+
+FILL = "_fill"  # marks a padding element that stack_fill turns into an all-zero row
+
+
+def shard(ds: grain.MapDataset, rows: int, shard_index: int | None = None,
+          shard_count: int | None = None) -> grain.MapDataset:
+  """This process's `rows` of every global batch of `rows * shard_count` elements.
+
+  A final partial global batch is completed with fill elements (zero rows), so
+  every process yields the same number of batches.
+  """
+  index, count = _shard(shard_index, shard_count)
+  if count == 1:
+    return ds
+  block = rows * count
+  total = len(ds)
+  def element(i):
+    i = (int(i) // rows) * block + index * rows + int(i) % rows
+    return ds[i] if i < total else {**ds[0], FILL: True}
+  return grain.MapDataset.range(-(-total // block) * rows).map(element)
 
 
 def _text(value) -> str:
@@ -81,8 +104,10 @@ def stack_fill(batch_size: int):
   """Stacks a list of examples into [B, ...], filling missing rows with zeros."""
   def fn(rows: Sequence[dict]) -> dict:
     out = {}
-    for k in rows[0]:
+    real = np.array([not r.get(FILL, False) for r in rows])
+    for k in (k for k in rows[0] if k != FILL):
       arr = np.stack([np.asarray(r[k]) for r in rows])
+      arr[~real] = 0
       if len(rows) < batch_size:
         fill = np.zeros((batch_size - len(rows),) + arr.shape[1:], arr.dtype)
         arr = np.concatenate([arr, fill])
@@ -96,7 +121,9 @@ def read_options(num_threads: int) -> grain.ReadOptions:
   return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=max(1, 64 * num_threads))
 
 
-def _iter_batches(ds: grain.MapDataset, batch_size, drop_remainder, num_threads):
+def _iter_batches(ds: grain.MapDataset, batch_size, drop_remainder, num_threads,
+                  shard_index=None, shard_count=None):
+  ds = shard(ds, batch_size, shard_index, shard_count)
   return _batch(ds.to_iter_dataset(read_options(num_threads)), batch_size, drop_remainder)
 
 
@@ -119,14 +146,15 @@ def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str 
     raise ValueError(f"mode must be 'pad' or 'pack', got {mode!r}")
   mask = mask or mlm_lib.MaskSpec(tokenizer.vocab_size, tokenizer.mask_id,
                                   tuple(int(i) for i in tokenizer.special_ids))
-  ds = examples(source, seed=seed, num_epochs=num_epochs, shard_index=shard_index,
-                shard_count=shard_count).map(tokenize_fn(tokenizer, seq_len, text_key))
+  ds = examples(source, seed=seed, num_epochs=num_epochs)
+  ds = ds.map(tokenize_fn(tokenizer, seq_len, text_key))
 
   def corrupt(ex, rng):
     ex.update(mlm_lib.mask_tokens(ex["input_ids"], mask, rng, ex["word_ids"]))
     return {k: ex[k] for k in MLM_KEYS}
 
-  it = ds.random_map(corrupt, seed=seed).to_iter_dataset(read_options(num_threads))
+  ds = shard(ds.random_map(corrupt, seed=seed), batch_size, shard_index, shard_count)
+  it = ds.to_iter_dataset(read_options(num_threads))
   if mode == "pack":
     it = packing.pack(it, seq_len, MLM_KEYS, num_bins=pack_bins or batch_size, seed=seed)
   else:
@@ -141,8 +169,7 @@ def classification_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
                             text_b_key: str | None = "text_b",
                             label_key: str = "label") -> grain.IterDataset:
   """Sequence(-pair) classification: padded token batches plus `labels` [B]."""
-  ds = examples(source, seed=seed, num_epochs=num_epochs, shard_index=shard_index,
-                shard_count=shard_count)
+  ds = examples(source, seed=seed, num_epochs=num_epochs)
   tok = tokenize_fn(tokenizer, seq_len, text_key, text_b_key)
 
   def features(ex):
@@ -151,7 +178,8 @@ def classification_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
     return {**{k: row[k] for k in packing_keys()}, "labels": np.int32(ex[label_key]),
             "example_weights": np.float32(1.0)}
 
-  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads)
+  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads,
+                       shard_index, shard_count)
 
 
 def packing_keys() -> tuple[str, ...]:
@@ -176,8 +204,7 @@ def tagging_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
 
   Words cut off by truncation to `seq_len` get no label (weight 0).
   """
-  ds = examples(source, seed=seed, num_epochs=num_epochs, shard_index=shard_index,
-                shard_count=shard_count)
+  ds = examples(source, seed=seed, num_epochs=num_epochs)
 
   def features(ex):
     words = [_text(w) for w in ex["words"]]
@@ -189,7 +216,8 @@ def tagging_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
     return {**{k: row[k] for k in packing_keys()}, "labels": labels_L,
             "label_weights": weights_L}
 
-  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads)
+  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads,
+                       shard_index, shard_count)
 
 
 def image_pipeline(source, *, batch_size: int, mean: float = 0.5, std: float = 0.5,
@@ -197,8 +225,7 @@ def image_pipeline(source, *, batch_size: int, mean: float = 0.5, std: float = 0
                    shard_count=None, drop_remainder: bool = False,
                    num_threads: int = 0) -> grain.IterDataset:
   """uint8 `image` [H, W(, C)] → `images` float32 [H, W, C] = (x/255 - mean) / std."""
-  ds = examples(source, seed=seed, num_epochs=num_epochs, shard_index=shard_index,
-                shard_count=shard_count)
+  ds = examples(source, seed=seed, num_epochs=num_epochs)
 
   def features(ex):
     x = np.asarray(ex["image"], np.float32) / 255.0
@@ -206,7 +233,8 @@ def image_pipeline(source, *, batch_size: int, mean: float = 0.5, std: float = 0
     return {"images": (x_HxWxC - mean) / std, "labels": np.int32(ex["label"]),
             "example_weights": np.float32(1.0)}
 
-  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads)
+  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads,
+                       shard_index, shard_count)
 
 
 def series_pipeline(source, *, length: int, batch_size: int, seed: int | None = 0,
@@ -214,8 +242,7 @@ def series_pipeline(source, *, length: int, batch_size: int, seed: int | None = 
                     drop_remainder: bool = False,
                     num_threads: int = 0) -> grain.IterDataset:
   """`series` [L_i, F] → `inputs` [length, F] (missing values → 0, masked) + mask."""
-  ds = examples(source, seed=seed, num_epochs=num_epochs, shard_index=shard_index,
-                shard_count=shard_count)
+  ds = examples(source, seed=seed, num_epochs=num_epochs)
 
   def features(ex):
     s_LxF = np.asarray(ex["series"], np.float32)
@@ -229,4 +256,5 @@ def series_pipeline(source, *, length: int, batch_size: int, seed: int | None = 
     return {"inputs": x_LxF, "attention_mask": mask_L, "labels": np.int32(ex["label"]),
             "example_weights": np.float32(1.0)}
 
-  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads)
+  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads,
+                       shard_index, shard_count)

@@ -1,0 +1,79 @@
+"""How the loop runs steps: jit over a mesh (the default) or pmap (compatibility).
+
+Both take host batches and keep the checkpointed state in one canonical layout
+(the jit path's sharded TrainState), so checkpoints move freely between them.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxencoder import sharding as sharding_lib
+from jaxencoder import steps
+from jaxencoder.metrics import compiled_flops
+
+
+class JitStepper:
+  """`train_step` jitted with NamedShardings over the run's mesh, state donated."""
+
+  def __init__(self, task, tx, base_rng, shardings, mesh, rules, state, host_batch):
+    self.mesh, self.rules = mesh, rules
+    jitted = steps.jit_train_step(task, tx, base_rng, shardings, mesh)
+    with steps.mesh_context(mesh, rules):
+      self._step = jitted.lower(state, self.put(host_batch)).compile()
+    self.flops = compiled_flops(self._step)
+
+  def put(self, host_batch):
+    return sharding_lib.put_batch(host_batch, self.mesh)
+
+  def step(self, state, batch):
+    return self._step(state, batch)
+
+  def canonical(self, state):
+    return state
+
+  def from_canonical(self, state):
+    return state
+
+
+class PmapStepper:
+  """`train_step` under jax.pmap: replicated state, [devices, B / devices, ...] batches,
+  psum-ed gradients. Single-process data parallelism only."""
+
+  def __init__(self, task, tx, base_rng, shardings):
+    if jax.process_count() > 1:
+      raise ValueError("parallelism='pmap' is single-process; use the default 'jit'")
+    self._step = steps.pmap_train_step(task, tx, base_rng)
+    self.devices = jax.local_device_count()
+    self.shardings = shardings
+    self.flops = None
+
+  def put(self, host_batch):
+    def split(x):
+      x = np.asarray(x)
+      if x.shape[0] % self.devices:
+        raise ValueError(f"batch of {x.shape[0]} rows does not split over "
+                         f"{self.devices} devices")
+      return x.reshape(self.devices, x.shape[0] // self.devices, *x.shape[1:])
+    return {k: split(v) for k, v in host_batch.items()}
+
+  def step(self, state, batch):
+    state, sums = self._step(state, batch)
+    return state, jax.tree.map(lambda x: x[0], sums)  # identical on every device
+
+  def canonical(self, state):
+    return jax.device_put(jax.tree.map(lambda x: x[0], state), self.shardings)
+
+  def from_canonical(self, state):
+    host = jax.device_get(state)
+    return jax.tree.map(lambda x: np.broadcast_to(x, (self.devices,) + np.shape(x)), host)
+
+
+def make_stepper(parallelism: str, task, tx, base_rng, shardings, mesh, rules, state,
+                 host_batch):
+  if parallelism == "jit":
+    return JitStepper(task, tx, base_rng, shardings, mesh, rules, state, host_batch)
+  if parallelism == "pmap":
+    return PmapStepper(task, tx, base_rng, shardings)
+  raise ValueError(f"parallelism={parallelism!r} is not one of ('jit', 'pmap')")
