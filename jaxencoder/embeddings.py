@@ -20,7 +20,13 @@ def patchify(images_BxHxWxC: jax.Array, patch: int) -> jax.Array:
 
 
 def _embed(cfg: EncoderConfig, num: int, axes, name: str) -> nn.Embed:
-  return nn.Embed(num, cfg.emb_dim, dtype=dtype_of(cfg.dtype),
+  """A lookup table that gathers in `param_dtype`; callers cast to the compute dtype.
+
+  Gathering from a bf16 copy makes the backward a bf16 scatter-add, which GPUs run as
+  compare-and-swap loops: with every row hitting the same few position / type rows it
+  cost ~95% of a bf16 train step on an H200 (docs/performance.md). Same values forward.
+  """
+  return nn.Embed(num, cfg.emb_dim, dtype=dtype_of(cfg.param_dtype),
                   param_dtype=dtype_of(cfg.param_dtype),
                   embedding_init=kernel_init(cfg, axes), name=name)
 
@@ -41,7 +47,7 @@ class Embeddings(nn.Module):
     grid = None
     if cfg.input_kind == "text":
       token_embed = _embed(cfg, cfg.vocab_size, ("vocab", "embed"), "token_embed")
-      x_BxLxD = token_embed(inputs)
+      x_BxLxD = token_embed(inputs).astype(dtype_of(cfg.dtype))
       if cfg.scale_embeddings:
         x_BxLxD *= jnp.sqrt(cfg.emb_dim).astype(x_BxLxD.dtype)
     else:
@@ -61,7 +67,7 @@ class Embeddings(nn.Module):
       if token_type_ids_BxL is None:  # BERT adds type 0 when no type ids are given
         token_type_ids_BxL = jnp.zeros(x_BxLxD.shape[:2], jnp.int32)
       type_embed = _embed(cfg, cfg.type_vocab_size, (None, "embed"), "type_embed")
-      x_BxLxD += type_embed(token_type_ids_BxL)
+      x_BxLxD += type_embed(token_type_ids_BxL).astype(x_BxLxD.dtype)
     if cfg.embedding_norm:
       x_BxLxD = norm(cfg, name="norm")(x_BxLxD)
     x_BxLxD = nn.Dropout(cfg.dropout_rate)(x_BxLxD, deterministic=deterministic)
