@@ -13,7 +13,6 @@ import signal
 import time
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -84,10 +83,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   example = peek(train_iter)
   mesh = sharding_lib.make_mesh(config.mesh_shape)
   rules = sharding_lib.rules_from_config(config.logical_axis_rules)
-  param_shapes = jax.eval_shape(
-      lambda rng: task.model.init(rng, *task.example_batch(example))["params"],
-      jax.random.key(0))
-  tx, schedule = make_optimizer(config.optim, nn.meta.unbox(param_shapes),
+  tx, schedule = make_optimizer(config.optim, steps.param_shapes(task, example),
                                 num_layers=config.model.num_layers)
   checkpointer = Checkpointer(
       workdir / "checkpoints", save_interval_steps=config.checkpoint_every,

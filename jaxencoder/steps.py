@@ -37,6 +37,13 @@ def _boxed_params(task: Task, example_batch, rng):
   return task.model.init(rng, *task.example_batch(example_batch))["params"]
 
 
+def param_shapes(task: Task, example_batch):
+  """Unboxed ShapeDtypeStructs of the task model's params (no computation)."""
+  boxed = jax.eval_shape(lambda rng: _boxed_params(task, example_batch, rng),
+                         jax.random.key(0))
+  return nn.meta.unbox(boxed)
+
+
 def _state_init_fn(task: Task, tx, example_batch):
   def init(rng) -> TrainState:
     params = nn.meta.unbox(_boxed_params(task, example_batch, rng))

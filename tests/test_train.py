@@ -10,7 +10,6 @@ import time
 
 import itertools
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -123,9 +122,8 @@ def test_losses_equal_across_meshes_on_8_devices(corpus):
   for shape in [(1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2)]:
     mesh = sharding.make_mesh(shape, jax.devices()[:int(np.prod(shape))])
     rules = sharding.rules_from_config(config.logical_axis_rules)
-    shapes = jax.eval_shape(lambda: nn.meta.unbox(task.model.init(
-        jax.random.key(0), *task.example_batch(batches[0]))["params"]))
-    tx, _ = make_optimizer(config.optim, shapes, num_layers=config.model.num_layers)
+    tx, _ = make_optimizer(config.optim, steps.param_shapes(task, batches[0]),
+                           num_layers=config.model.num_layers)
     state = steps.init_state(task, tx, batches[0], jax.random.key(0), mesh, rules)
     shardings = steps.state_shardings(task, tx, batches[0], mesh, rules)
     step = steps.jit_train_step(task, tx, jax.random.key(1), shardings, mesh)
