@@ -17,10 +17,12 @@ before training, each computes the full-logits loss of the same batch without
 dropout, to check that the maths is identical.
 
 Train FLOPs per step (matmuls only; 3x forward: forward + two backward matmuls):
-  3 * [B*L*N*(8*D^2 + 4*D*F + 4*L*D) + B*P*(2*D^2 + 2*D*V)]
-  = 6 * N_matmul_params * T + 12*N*L*D*T + 6*(D^2 + D*V)*B*P  (T = B*L tokens)
-with P = M predicted positions per row (jaxencoder) or L (full logits). MFU is
-achieved FLOP/s over the f32 matmul peak measured in the same run.
+  full logits:  3 * [B*L*N*(8*D^2 + 4*D*F + 4*L*D) + B*L*(2*D^2 + 2*D*V)]
+              = 6 * N_matmul_params * T + 12*N*L*D*T + 6*(D^2 + D*V)*T  (T = B*L tokens)
+  jaxencoder:   the same with P = M rows in the head, and the last block at
+                B*L rows for its K/V projections (4*D^2) but only B*(1 + M) rows
+                ([CLS] + masked) for the rest (4*D^2 + 4*D*F + 4*L*D)
+(`train_flops`). MFU is achieved FLOP/s over the f32 matmul peak measured in the same run.
 """
 
 from __future__ import annotations
@@ -70,11 +72,23 @@ def make_batch(batch_size: int, seq_len: int, seed: int = 0) -> dict[str, np.nda
 
 
 def train_flops(preset: str, batch_size: int, seq_len: int, predictions: int) -> float:
+  """Matmul FLOPs of one train step (3x the forward's), as each contender computes them.
+
+  `predictions` P < L means jaxencoder's sparse path: logits at P rows, and the last
+  block's queries, attention, output projection and feed-forward at 1 + P rows
+  ([CLS] + masked), its key/value projections at all L.
+  """
   n, d, _ = SIZES[preset]
   f = 4 * d
-  per_token_layer = 8 * d * d + 4 * d * f + 4 * seq_len * d
+  per_row_layer = 8 * d * d + 4 * d * f + 4 * seq_len * d
   head = 2 * d * d + 2 * d * VOCAB
-  return 3.0 * (batch_size * seq_len * n * per_token_layer + batch_size * predictions * head)
+  if predictions >= seq_len:
+    encoder = batch_size * seq_len * n * per_row_layer
+  else:
+    last_rows = 1 + predictions
+    last = batch_size * (seq_len * 4 * d * d + last_rows * (per_row_layer - 4 * d * d))
+    encoder = batch_size * seq_len * (n - 1) * per_row_layer + last
+  return 3.0 * (encoder + batch_size * predictions * head)
 
 
 def weighted_ce(logits, labels, weights) -> float:

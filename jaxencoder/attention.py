@@ -16,6 +16,13 @@ from jaxencoder.layers import dense
 from jaxencoder.positions import apply_rope
 
 
+def take_rows(x, rows_BxQ: jax.Array, axis: int = 1) -> jax.Array:
+  """Selects Q rows per batch element along `axis`: [B, ..., L, ...] -> [B, ..., Q, ...]."""
+  shape = [1] * x.ndim
+  shape[0], shape[axis] = rows_BxQ.shape
+  return jnp.take_along_axis(x, rows_BxQ.reshape(shape), axis=axis)
+
+
 def xla_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_Bx1xLxL, bias_BxHxLxL,
                   dropout: nn.Module | None = None):
   """Reference attention; softmax in float32. Returns (out [B,L,H,K], probs [B,H,L,L])."""
@@ -50,15 +57,25 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL, positions_BxL,
-               *, deterministic: bool, output_attentions: bool = False):
+               *, deterministic: bool, output_attentions: bool = False,
+               query_rows_BxQ=None):
+    """Attends from every position, or only from `query_rows_BxQ` (then L below reads Q
+    for the queries and the output is [B, Q, D]; keys and values still span all L)."""
     cfg = self.cfg
     heads = (cfg.num_heads, cfg.resolved_head_dim)
     proj = lambda name: dense(cfg, heads, kernel_axes=("embed", "heads", "kv"), name=name)
-    q_BxLxHxK = proj("query")(x_BxLxD)
+    q_positions_BxL = positions_BxL
+    x_q_BxLxD = x_BxLxD
+    if query_rows_BxQ is not None:
+      x_q_BxLxD = take_rows(x_BxLxD, query_rows_BxQ)
+      q_positions_BxL = take_rows(positions_BxL, query_rows_BxQ)
+      mask_Bx1xLxL = None if mask_Bx1xLxL is None else take_rows(mask_Bx1xLxL, query_rows_BxQ, 2)
+      bias_BxHxLxL = None if bias_BxHxLxL is None else take_rows(bias_BxHxLxL, query_rows_BxQ, 2)
+    q_BxLxHxK = proj("query")(x_q_BxLxD)
     k_BxLxHxK = proj("key")(x_BxLxD)
     v_BxLxHxK = proj("value")(x_BxLxD)
     if cfg.position_embedding == "rope":
-      q_BxLxHxK = apply_rope(q_BxLxHxK, positions_BxL, cfg.rope_base)
+      q_BxLxHxK = apply_rope(q_BxLxHxK, q_positions_BxL, cfg.rope_base)
       k_BxLxHxK = apply_rope(k_BxLxHxK, positions_BxL, cfg.rope_base)
 
     dropout_active = not deterministic and cfg.attention_dropout_rate > 0

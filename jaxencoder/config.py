@@ -71,6 +71,8 @@ class EncoderConfig:
   use_bias: bool = True
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
+  # Dropout on the feed-forward hidden layer [B, L, F]; 0 in BERT, 0.1 in T5.
+  mlp_dropout_rate: float = 0.0
   initializer_range: float = 0.02
 
   # Stack.
@@ -156,7 +158,7 @@ class EncoderConfig:
                        "change one or set head_dim explicitly")
     if self.position_embedding == "rope" and self.resolved_head_dim % 2:
       raise ValueError(f"head_dim={self.resolved_head_dim} must be even for rope positions")
-    for name in ("dropout_rate", "attention_dropout_rate"):
+    for name in ("dropout_rate", "attention_dropout_rate", "mlp_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
     if self.sliding_window is not None and self.sliding_window < 0:

@@ -9,11 +9,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.attention import MultiHeadAttention
+from jaxencoder.attention import MultiHeadAttention, take_rows
 from jaxencoder.config import EncoderConfig
 from jaxencoder.embeddings import Embeddings
 from jaxencoder.ffn import FeedForward
-from jaxencoder.inputs import check_inputs
+from jaxencoder.inputs import check_inputs, check_output_positions
 from jaxencoder.layers import constrain, norm
 from jaxencoder.masks import make_attention_mask
 from jaxencoder.pooling import Pooler
@@ -40,12 +40,15 @@ class EncoderBlock(nn.Module):
 
   Returns (x, out): out holds this layer's output and attention weights when asked
   (None otherwise), so a scanned stack stacks them along a leading layer axis.
+  With `query_rows_BxQ`, only those rows are computed (keys and values still come
+  from every position) and x is [B, Q, D].
   """
   cfg: EncoderConfig
 
   @nn.compact
   def __call__(self, x_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL, positions_BxL,
-               deterministic: bool, output_attentions: bool, output_hidden_states: bool):
+               deterministic: bool, output_attentions: bool, output_hidden_states: bool,
+               query_rows_BxQ=None):
     cfg = self.cfg
     drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
     pre = cfg.norm_position == "pre"
@@ -53,7 +56,10 @@ class EncoderBlock(nn.Module):
     h_BxLxD = norm(cfg, name="attention_norm")(x_BxLxD) if pre else x_BxLxD
     h_BxLxD, probs_BxHxLxL = attention(h_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL,
                                        positions_BxL, deterministic=deterministic,
-                                       output_attentions=output_attentions)
+                                       output_attentions=output_attentions,
+                                       query_rows_BxQ=query_rows_BxQ)
+    if query_rows_BxQ is not None:  # from here on only the Q query rows: [B, Q, D]
+      x_BxLxD = take_rows(x_BxLxD, query_rows_BxQ)
     x_BxLxD = x_BxLxD + drop(h_BxLxD)
     if not pre:
       x_BxLxD = norm(cfg, name="attention_norm")(x_BxLxD)
@@ -85,14 +91,19 @@ class Encoder(nn.Module):
   output_attentions=False)` -> EncoderOutput. `inputs` is int ids [B, L] (text),
   float images [B, H, W, C] or float series [B, L, F], per `cfg.input_kind`.
   `segment_ids` [B, L] mark packed sequences (0 = padding); tokens attend only
-  within their segment.
+  within their segment. `output_positions` [B, M] (e.g. MLM's masked positions)
+  makes `last_hidden_state` [B, M, D], the final states at those positions only;
+  with the looped stack and cls pooling (BERT), the last block then computes its
+  queries, feed-forward and norms only for those rows and [CLS] (keys and values
+  still see every position): same values, about (1 - M/L) of a layer's work saved.
   """
   cfg: EncoderConfig
 
   @nn.compact
   def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
                positions=None, *, deterministic: bool = True,
-               output_hidden_states: bool = False, output_attentions: bool = False):
+               output_hidden_states: bool = False, output_attentions: bool = False,
+               output_positions=None):
     cfg = self.cfg
     len_BxL = check_inputs(cfg, inputs, attention_mask, token_type_ids, segment_ids, positions)
     if cfg.attention_impl == "linear" and segment_ids is not None:
@@ -114,24 +125,40 @@ class Encoder(nn.Module):
 
     args = (mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL,
             deterministic, output_attentions, output_hidden_states)
-    last_BxLxD, layer_outs = self._stack(x_BxLxD, args)
+    # Rows the last block must produce: position 0 (for cls pooling) + output_positions.
+    rows_BxQ = None
+    if output_positions is not None:
+      check_output_positions(output_positions, *x_BxLxD.shape[:2])
+      rows_BxQ = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions], 1)
+    sparse_last = (rows_BxQ is not None and not cfg.scan_layers and cfg.pooling == "cls"
+                   and not output_hidden_states and not output_attentions)
+    last_BxLxD, layer_outs = self._stack(x_BxLxD, args, rows_BxQ if sparse_last else None)
     if cfg.norm_position == "pre":
       last_BxLxD = norm(cfg, name="final_norm")(last_BxLxD)
-    pooled_BxD = Pooler(cfg, name="pooler")(last_BxLxD, mask_BxL)
+    if sparse_last:  # last_BxLxD holds the Q = 1 + M rows
+      pooled_BxD = Pooler(cfg, name="pooler")(last_BxLxD[:, :1], mask_BxL[:, :1])
+    else:
+      pooled_BxD = Pooler(cfg, name="pooler")(last_BxLxD, mask_BxL)
     hidden = None
     if output_hidden_states:
       hidden = (x_BxLxD,) + tuple(o["hidden_state"] for o in layer_outs[:-1]) + (last_BxLxD,)
     attentions = tuple(o["attention"] for o in layer_outs) if output_attentions else None
+    if output_positions is not None:
+      last_BxLxD = last_BxLxD[:, 1:] if sparse_last else take_rows(last_BxLxD, output_positions)
     return EncoderOutput(last_BxLxD, pooled_BxD, hidden, attentions)
 
-  def _stack(self, x_BxLxD, args) -> tuple[jax.Array, list[dict[str, Any]]]:
-    """Runs the N blocks (loop or nn.scan); returns x and each layer's intermediates."""
+  def _stack(self, x_BxLxD, args, last_rows_BxQ=None) -> tuple[jax.Array, list[dict[str, Any]]]:
+    """Runs the N blocks (loop or nn.scan); returns x and each layer's intermediates.
+
+    `last_rows_BxQ` (loop only): the last block computes just those rows.
+    """
     cfg = self.cfg
     block = block_class(cfg)
     if not cfg.scan_layers:
       outs = []
       for i in range(cfg.num_layers):
-        x_BxLxD, out = block(cfg, name=f"layers_{i}")(x_BxLxD, *args)
+        rows = last_rows_BxQ if i == cfg.num_layers - 1 else None
+        x_BxLxD, out = block(cfg, name=f"layers_{i}")(x_BxLxD, *args, rows)
         outs.append(out)
       return x_BxLxD, outs
     scanned = nn.scan(block, variable_axes={"params": 0},

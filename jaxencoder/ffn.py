@@ -34,5 +34,6 @@ class FeedForward(nn.Module):
     else:
       h_BxLxF = act(up("wi")(x_BxLxD))
     h_BxLxF = nn.with_logical_constraint(h_BxLxF, ("act_batch", "act_len", "act_mlp"))
-    h_BxLxF = nn.Dropout(cfg.dropout_rate)(h_BxLxF, deterministic=deterministic)
+    if cfg.mlp_dropout_rate > 0:
+      h_BxLxF = nn.Dropout(cfg.mlp_dropout_rate)(h_BxLxF, deterministic=deterministic)
     return dense(cfg, cfg.emb_dim, kernel_axes=("mlp", "embed"), name="wo")(h_BxLxF)

@@ -45,7 +45,9 @@ class EncoderForMaskedLM(nn.Module):
   """Encoder + MlmHead with the decoder tied to `embeddings/token_embed`.
 
   Returns (logits, EncoderOutput); logits are [B, M, V] when `masked_positions`
-  [B, M] are given, which skips the vocabulary projection elsewhere.
+  [B, M] are given, which skips the vocabulary projection (and most of the last
+  block, see Encoder's `output_positions`) elsewhere; the EncoderOutput's
+  last_hidden_state is then [B, M, D] too.
   """
   cfg: EncoderConfig
 
@@ -59,10 +61,10 @@ class EncoderForMaskedLM(nn.Module):
     out: EncoderOutput = self.encoder(
         inputs, attention_mask, token_type_ids, segment_ids, positions,
         deterministic=deterministic, output_hidden_states=output_hidden_states,
-        output_attentions=output_attentions)
+        output_attentions=output_attentions, output_positions=masked_positions)
     table = self.encoder.variables["params"]["embeddings"]["token_embed"]["embedding"]
     embedding_VxD = nn.meta.unbox(table)
-    return self.mlm_head(out.last_hidden_state, embedding_VxD, masked_positions), out
+    return self.mlm_head(out.last_hidden_state, embedding_VxD), out
 
 
 class SequenceClassificationHead(nn.Module):

@@ -90,3 +90,14 @@ def _check_series(cfg: EncoderConfig, series) -> None:
   if series.shape[-1] != cfg.input_features:
     raise ValueError(f"series have {series.shape[-1]} features but "
                      f"input_features={cfg.input_features}")
+
+
+def check_output_positions(output_positions, batch_size: int, length: int) -> None:
+  """output_positions must be integer [B, M] indices into the encoder's L positions
+  (L counts a prepended [CLS] for image and series inputs)."""
+  shape = tuple(output_positions.shape)
+  if len(shape) != 2 or shape[0] != batch_size:
+    raise ValueError(f"output_positions must be [batch, M] = [{batch_size}, M]; got shape {shape}")
+  if not jnp.issubdtype(output_positions.dtype, jnp.integer):
+    raise ValueError(f"output_positions must be integer indices; got {output_positions.dtype}")
+  _check_range("output_positions", output_positions, length, "the encoder's sequence length")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import flax.linen as nn
@@ -29,10 +30,13 @@ def zeros_init(axes: Sequence[str | None]):
 
 
 class Dense(nn.Module):
-  """y = x . W (+ b), contracting `axis` of x with the leading axes of W.
+  """y = x . W (+ b), contracting the trailing `axis` of x with the leading axes of W.
 
   Unlike nn.DenseGeneral, the kernel is created in its final shape, so its
-  logical axis names always match its rank (also under a mesh).
+  logical axis names always match its rank (also under a mesh). The product runs
+  as one 2-D matmul, [T, prod(in)] x [prod(in), prod(out)]: the reshapes are free
+  (row-major), and XLA then needs no transposes of [D, H, K] kernels or their
+  gradients (about 260 copies per BERT-base train step on CPU otherwise).
   """
   features: tuple[int, ...]
   axis: tuple[int, ...]
@@ -43,18 +47,23 @@ class Dense(nn.Module):
   @nn.compact
   def __call__(self, x):
     axis = tuple(a % x.ndim for a in self.axis)
-    kernel_shape = tuple(x.shape[a] for a in axis) + self.features
+    num_lead = x.ndim - len(axis)
+    if axis != tuple(range(num_lead, x.ndim)):
+      raise ValueError(f"Dense contracts trailing axes only, got axis={self.axis} for rank {x.ndim}")
+    kernel_shape = x.shape[num_lead:] + self.features
     kernel = self.param("kernel", kernel_init(self.cfg, self.kernel_axes), kernel_shape,
                         dtype_of(self.cfg.param_dtype))
     dtype = dtype_of(self.cfg.dtype)
-    contract = (axis, tuple(range(len(axis))))
-    y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), (contract, ((), ())))
+    fan_in, fan_out = math.prod(x.shape[num_lead:]), math.prod(self.features)
+    lead = x.shape[:num_lead]
+    y_TxO = (x.astype(dtype).reshape(lead + (fan_in,))
+             @ kernel.astype(dtype).reshape(fan_in, fan_out))
     if self.use_bias:
       bias_axes = self.kernel_axes[len(axis):]
       bias = self.param("bias", zeros_init(bias_axes), self.features,
                         dtype_of(self.cfg.param_dtype))
-      y = y + bias.astype(dtype).reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
-    return y
+      y_TxO = y_TxO + bias.astype(dtype).reshape((1,) * len(lead) + (fan_out,))
+    return y_TxO.reshape(lead + self.features)
 
 
 def dense(cfg: EncoderConfig, features: int | tuple[int, ...], *,

@@ -52,6 +52,7 @@ def test_config_is_frozen_and_hashable():
     (dict(remat_policy="sometimes"), "remat_policy='sometimes'"),
     (dict(dtype="int8"), "dtype='int8'"),
     (dict(dropout_rate=1.5), "dropout_rate must be in [0, 1)"),
+    (dict(mlp_dropout_rate=1.0), "mlp_dropout_rate must be in [0, 1)"),
     (dict(num_layers=0), "num_layers must be positive"),
     (dict(input_kind="image", image_size=(30, 32), patch_size=8), "not divisible by patch_size=8"),
     (dict(input_kind="series", use_cls_token=False), "pooling='cls' needs a [CLS] vector"),

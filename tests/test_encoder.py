@@ -135,6 +135,12 @@ def text_model():
     (np.ones((1, 17), np.int32), {}, "sequence length 17 is longer than the position table (max_len=16)"),
     (np.full((1, 8), 97, np.int32), {}, "input_ids contains 97, outside [0, 97) (token id >= vocab_size)"),
     (np.full((1, 8), -1, np.int32), {}, "input_ids contains -1"),
+    (np.ones((2, 8), np.int32), {"output_positions": np.ones((1, 3), np.int32)},
+     "output_positions must be [batch, M] = [2, M]; got shape (1, 3)"),
+    (np.ones((2, 8), np.int32), {"output_positions": np.full((2, 3), 8, np.int32)},
+     "output_positions contains 8, outside [0, 8)"),
+    (np.ones((2, 8), np.int32), {"output_positions": np.ones((2, 3), np.float32)},
+     "output_positions must be integer indices"),
 ])
 def test_bad_text_input_is_named(text_model, inputs, kwargs, message):
   model, variables = text_model

@@ -82,6 +82,21 @@ def test_dropout_depends_on_rng_only_when_training(scan_layers):
   np.testing.assert_array_equal(run(3, False), run(3, False))
 
 
+def test_mlp_dropout_is_its_own_rate_and_off_by_default_like_bert():
+  ids = random_ids(1, (2, 8))
+  def spread(**rates):
+    """Max difference between two dropout seeds in training mode, and vs eval mode."""
+    cfg = tiny_config(**{"dropout_rate": 0.0, "attention_dropout_rate": 0.0, **rates})
+    variables, apply = jit_model(cfg, ids)
+    run = lambda seed: apply(variables, ids, deterministic=seed is None,
+                             rngs={"dropout": jax.random.key(seed or 0)}).last_hidden_state
+    return float(jnp.abs(run(1) - run(2)).max()), float(jnp.abs(run(1) - run(None)).max())
+  assert tiny_config().mlp_dropout_rate == 0.0
+  assert spread() == (0.0, 0.0)  # only the F-wide hidden layer could still drop: it does not
+  seeds, vs_eval = spread(mlp_dropout_rate=0.3)
+  assert seeds > 1e-2 and vs_eval > 1e-2
+
+
 def _memorise(cfg, steps: int = 40) -> tuple[float, float]:
   """Trains encoder + linear readout to recall 4 token sequences' labels; (first, last) loss."""
   ids = random_ids(5, (8, 6))
@@ -122,3 +137,49 @@ def test_every_activation_runs_and_differs(activation):
   assert bool(jnp.all(jnp.isfinite(out)))
   wi = "wi_gate" if activation in ("swiglu", "geglu") else "wi"
   assert wi in variables["params"]["layers_0"]["ffn"]
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(), dict(norm_position="pre"), dict(position_embedding="rope"),
+    dict(position_embedding="relative"), dict(attention_impl="fused"),
+    dict(attention_impl="linear"), dict(remat_policy="full"), dict(pooler_dense=True),
+    dict(scan_layers=True), dict(pooling="mean"),
+])
+def test_output_positions_equal_the_full_states_at_those_rows(overrides):
+  """The sparse last block (or the gather fallback) changes no value nor gradient."""
+  cfg = tiny_config(**overrides)
+  ids = random_ids(3, (2, 9))
+  mask = jnp.array([[1] * 9, [1] * 6 + [0] * 3])
+  rows = jnp.array([[3, 8, 1], [5, 2, 2]])
+  model = Encoder(cfg)
+  params = model.init(jax.random.key(0), ids, attention_mask=mask)["params"]
+  target = jax.random.normal(jax.random.key(4), (2, 3, cfg.emb_dim))
+
+  def loss(p, sparse):
+    out = model.apply({"params": p}, ids, attention_mask=mask,
+                      output_positions=rows if sparse else None)
+    picked = out.last_hidden_state if sparse else jnp.take_along_axis(
+        out.last_hidden_state, rows[..., None], 1)
+    return jnp.sum(picked * target) + jnp.sum(out.pooled), (picked, out.pooled)
+
+  grad_fn = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+  (_, (full_rows, full_pooled)), full_grads = grad_fn(params, False)
+  (_, (rows_out, pooled)), grads = grad_fn(params, True)
+  assert rows_out.shape == (2, 3, cfg.emb_dim)
+  np.testing.assert_allclose(rows_out, full_rows, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(pooled, full_pooled, rtol=1e-5, atol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+               grads, full_grads)
+
+
+def test_output_positions_skip_work_in_the_last_block():
+  cfg = tiny_config(num_layers=1, mlp_dim=256)
+  ids = random_ids(3, (2, 32))
+  model = Encoder(cfg)
+  params = model.init(jax.random.key(0), ids)["params"]
+  rows = jnp.array([[3, 8], [5, 2]])
+  flops = lambda positions: jax.jit(
+      lambda p: model.apply({"params": p}, ids, output_positions=positions).last_hidden_state
+  ).lower(params).compile().cost_analysis()["flops"]
+  # Queries, feed-forward and norms for 1 + 2 rows instead of 32: well under half.
+  assert flops(rows) < 0.5 * flops(None)
