@@ -12,15 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxencoder.config import EncoderConfig
-from jaxencoder.layers import dense
+from jaxencoder.layers import dense, take_rows
 from jaxencoder.positions import apply_rope
-
-
-def take_rows(x, rows_BxQ: jax.Array, axis: int = 1) -> jax.Array:
-  """Selects Q rows per batch element along `axis`: [B, ..., L, ...] -> [B, ..., Q, ...]."""
-  shape = [1] * x.ndim
-  shape[0], shape[axis] = rows_BxQ.shape
-  return jnp.take_along_axis(x, rows_BxQ.reshape(shape), axis=axis)
 
 
 def xla_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_Bx1xLxL, bias_BxHxLxL,

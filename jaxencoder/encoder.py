@@ -9,12 +9,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.attention import MultiHeadAttention, take_rows
+from jaxencoder.attention import MultiHeadAttention
 from jaxencoder.config import EncoderConfig
 from jaxencoder.embeddings import Embeddings
 from jaxencoder.ffn import FeedForward
 from jaxencoder.inputs import check_inputs, check_output_positions
-from jaxencoder.layers import constrain, norm
+from jaxencoder.layers import constrain, norm, take_rows
 from jaxencoder.masks import make_attention_mask
 from jaxencoder.pooling import Pooler
 from jaxencoder.positions import RelativePositionBias

@@ -13,12 +13,7 @@ import optax
 from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import Encoder, EncoderOutput
 from jaxencoder.ffn import ACTIVATIONS
-from jaxencoder.layers import dense, dtype_of, norm, zeros_init
-
-
-def gather_positions(x_BxLxD: jax.Array, positions_BxM: jax.Array) -> jax.Array:
-  """Selects M positions per row: [B, L, D], [B, M] -> [B, M, D]."""
-  return jnp.take_along_axis(x_BxLxD, positions_BxM[..., None], axis=1)
+from jaxencoder.layers import dense, dtype_of, norm, take_rows, zeros_init
 
 
 class MlmHead(nn.Module):
@@ -30,7 +25,7 @@ class MlmHead(nn.Module):
     """Logits [B, L, V], or [B, M, V] at `masked_positions_BxM` only."""
     cfg = self.cfg
     if masked_positions_BxM is not None:
-      x_BxLxD = gather_positions(x_BxLxD, masked_positions_BxM)
+      x_BxLxD = take_rows(x_BxLxD, masked_positions_BxM)
     act = ACTIVATIONS["gelu" if cfg.activation in ("swiglu", "geglu") else cfg.activation]
     h_BxLxD = act(dense(cfg, cfg.emb_dim, kernel_axes=("embed", None), name="transform")(x_BxLxD))
     h_BxLxD = norm(cfg, name="norm")(h_BxLxD)

@@ -90,6 +90,13 @@ def norm(cfg: EncoderConfig, name: str | None = None) -> nn.Module:
   return nn.LayerNorm(bias_init=zeros_init(("embed",)), **common)
 
 
+def take_rows(x, rows_BxQ: jax.Array, axis: int = 1) -> jax.Array:
+  """Selects Q rows per batch element along `axis`: [B, ..., L, ...] -> [B, ..., Q, ...]."""
+  shape = [1] * x.ndim
+  shape[0], shape[axis] = rows_BxQ.shape
+  return jnp.take_along_axis(x, rows_BxQ.reshape(shape), axis=axis)
+
+
 def constrain(x_BxLxD: jax.Array) -> jax.Array:
   """Marks a [B, L, D] activation's sharding by logical names (no-op without rules)."""
   return nn.with_logical_constraint(x_BxLxD, ACT_BLD)

@@ -17,6 +17,7 @@ from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import Encoder
 from jaxencoder.heads import (ContrastiveHead, EncoderForMaskedLM, SequenceClassificationHead,
                               TokenClassificationHead, info_nce_loss)
+from jaxencoder.layers import take_rows
 
 TASKS = ("mlm", "classify", "token_classify", "contrastive")
 INPUT_KEYS = {"text": "input_ids", "image": "images", "series": "inputs"}
@@ -133,8 +134,8 @@ def make_task(name: str, cfg: EncoderConfig, *, num_classes: int = 2,
         positions = masked_positions(weights, max_predictions)
         extra = {"masked_positions": positions}
         total = jnp.sum(weights)
-        labels = jnp.take_along_axis(labels, positions, axis=1)
-        weights = jnp.take_along_axis(weights, positions, axis=1)
+        labels = take_rows(labels, positions)
+        weights = take_rows(weights, positions)
       logits, _ = _apply(model, params, batch, input_key, rng, train, **extra)
       sums = _weighted_ce(logits, labels, weights)
       if max_predictions:
