@@ -26,6 +26,16 @@ REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def dataclass_from_dict(cls, fields: dict[str, Any] | None, noun: str = "field"):
+  """cls(**fields), rejecting unknown keys by name so that typos do not pass silently."""
+  fields = dict(fields or {})
+  known = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise ValueError(f"{cls.__name__}: unknown {noun}(s) {unknown}; valid {noun}s: {sorted(known)}")
+  return cls(**fields)
+
+
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
   """Architecture of an encoder. Defaults describe BERT-base without its vocab.
@@ -125,11 +135,7 @@ class EncoderConfig:
   @classmethod
   def from_dict(cls, fields: dict[str, Any]) -> "EncoderConfig":
     """Builds a config, rejecting unknown keys by name."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-      raise ValueError(f"EncoderConfig: unknown field(s) {unknown}; valid fields: {sorted(known)}")
-    return cls(**fields)
+    return dataclass_from_dict(cls, fields)
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)

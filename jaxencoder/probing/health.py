@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from jaxencoder.config import dataclass_from_dict
 from jaxencoder.metrics import read_metrics
 
 
@@ -26,11 +27,7 @@ class HealthThresholds:
 
   @classmethod
   def from_dict(cls, fields: Mapping[str, float] | None) -> "HealthThresholds":
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields or {}) - known)
-    if unknown:
-      raise ValueError(f"HealthThresholds: unknown key(s) {unknown}; valid: {sorted(known)}")
-    return cls(**(fields or {}))
+    return dataclass_from_dict(cls, fields, noun="key")
 
 
 def series(records: Sequence[Mapping], split: str, key: str = "loss") -> np.ndarray:

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from jaxencoder.config import dataclass_from_dict
+
 COSINE_BINS = np.linspace(-1.0, 1.0, 21)
 
 
@@ -23,11 +25,7 @@ class CollapseThresholds:
 
   @classmethod
   def from_dict(cls, fields: Mapping[str, float] | None) -> "CollapseThresholds":
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields or {}) - known)
-    if unknown:
-      raise ValueError(f"CollapseThresholds: unknown key(s) {unknown}; valid: {sorted(known)}")
-    return cls(**(fields or {}))
+    return dataclass_from_dict(cls, fields, noun="key")
 
 
 def sample_rows(h_MxD: np.ndarray, max_items: int, seed: int = 0) -> np.ndarray:
