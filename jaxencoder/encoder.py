@@ -125,20 +125,19 @@ class Encoder(nn.Module):
 
     args = (mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL,
             deterministic, output_attentions, output_hidden_states)
-    # Rows the last block must produce: position 0 (for cls pooling) + output_positions.
-    rows_BxQ = None
     if output_positions is not None:
       check_output_positions(output_positions, *x_BxLxD.shape[:2])
-      rows_BxQ = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions], 1)
-    sparse_last = (rows_BxQ is not None and not cfg.scan_layers and cfg.pooling == "cls"
+    sparse_last = (output_positions is not None and not cfg.scan_layers and cfg.pooling == "cls"
                    and not output_hidden_states and not output_attentions)
-    last_BxLxD, layer_outs = self._stack(x_BxLxD, args, rows_BxQ if sparse_last else None)
+    rows_BxQ = None  # rows the last block computes: position 0 (cls pooling) + output_positions
+    if sparse_last:
+      rows_BxQ = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions], 1)
+    last_BxLxD, layer_outs = self._stack(x_BxLxD, args, rows_BxQ)
     if cfg.norm_position == "pre":
       last_BxLxD = norm(cfg, name="final_norm")(last_BxLxD)
-    if sparse_last:  # last_BxLxD holds the Q = 1 + M rows
-      pooled_BxD = Pooler(cfg, name="pooler")(last_BxLxD[:, :1], mask_BxL[:, :1])
-    else:
-      pooled_BxD = Pooler(cfg, name="pooler")(last_BxLxD, mask_BxL)
+    # Sparse: last_BxLxD holds the Q = 1 + M rows, [CLS] first (cls pooling reads row 0).
+    pool_in = (last_BxLxD[:, :1], mask_BxL[:, :1]) if sparse_last else (last_BxLxD, mask_BxL)
+    pooled_BxD = Pooler(cfg, name="pooler")(*pool_in)
     hidden = None
     if output_hidden_states:
       hidden = (x_BxLxD,) + tuple(o["hidden_state"] for o in layer_outs[:-1]) + (last_BxLxD,)
