@@ -46,16 +46,16 @@ def main(argv=None) -> None:
   logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
   logging.getLogger("jaxencoder").setLevel(logging.INFO)
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-  from jaxencoder import distributed
+  from jaxencoder.train import distributed
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-  from jaxencoder.train_config import apply_overrides
+  from jaxencoder.train.config import apply_overrides
   config = load_config(args.config)
   try:
     apply_overrides(config, overrides)
   except (KeyError, ValueError, TypeError) as e:
     raise SystemExit(f"error: {e}")
   import jax
-  from jaxencoder.loop import train_and_evaluate
+  from jaxencoder.train.loop import train_and_evaluate
   metrics = train_and_evaluate(config, args.workdir)
   if jax.process_index() == 0:
     print("final eval:", " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))

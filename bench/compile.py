@@ -23,7 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 from jaxencoder import EncoderConfig  # noqa: E402
-from jaxencoder import optim, steps, tasks  # noqa: E402
+from jaxencoder.train import optim  # noqa: E402
+from jaxencoder.train import steps  # noqa: E402
+from jaxencoder.train import tasks  # noqa: E402
 
 
 def abstract_step(preset: str, depth: int, scan: bool, batch: int, seq_len: int):

@@ -27,7 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 from jaxencoder import EncoderConfig  # noqa: E402
-from jaxencoder import optim, steps, tasks  # noqa: E402
+from jaxencoder.train import optim  # noqa: E402
+from jaxencoder.train import steps  # noqa: E402
+from jaxencoder.train import tasks  # noqa: E402
 from jaxencoder.data import pipeline  # noqa: E402
 from jaxencoder.data.__main__ import shakespeare_source  # noqa: E402
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path  # noqa: E402

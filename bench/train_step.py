@@ -108,7 +108,9 @@ class JaxencoderRunner:
     import jax
     import jax.numpy as jnp
     from jaxencoder import EncoderConfig
-    from jaxencoder import optim, steps, tasks
+    from jaxencoder.train import optim
+    from jaxencoder.train import steps
+    from jaxencoder.train import tasks
     self.cfg = EncoderConfig.preset(preset, vocab_size=VOCAB, max_len=512, **model)
     m = 0 if full_logits else num_predictions(batch["input_ids"].shape[1])
     self.task = tasks.make_task("mlm", self.cfg, max_predictions=m)

@@ -10,7 +10,7 @@ Layer-wise LR decay 0.8; the encoder comes from `init_from` when given.
 Not measured on real data yet.
 """
 
-from jaxencoder.train_config import base_config
+from jaxencoder.train.config import base_config
 
 
 def get_config():

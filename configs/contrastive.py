@@ -6,7 +6,7 @@
 Not measured yet.
 """
 
-from jaxencoder.train_config import base_config
+from jaxencoder.train.config import base_config
 
 
 def get_config():

@@ -7,7 +7,7 @@
 Not measured on real data yet.
 """
 
-from jaxencoder.train_config import base_config
+from jaxencoder.train.config import base_config
 
 
 def get_config():

@@ -6,7 +6,7 @@ Not measured yet.
 """
 
 from jaxencoder.config import EncoderConfig
-from jaxencoder.train_config import base_config, model_config
+from jaxencoder.train.config import base_config, model_config
 
 
 def get_config():

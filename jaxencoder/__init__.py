@@ -12,12 +12,11 @@ from jaxencoder.heads import (
     info_nce_loss,
 )
 from jaxencoder.layout import loop_to_scan, scan_to_loop
-from jaxencoder.pretrained import embed
 
 __all__ = [
     "PRESETS", "EncoderConfig", "Encoder", "EncoderBlock", "EncoderOutput",
     "EncoderForMaskedLM", "MlmHead", "SequenceClassificationHead",
     "TokenClassificationHead", "ContrastiveHead", "cosine_similarity", "info_nce_loss",
-    "loop_to_scan", "scan_to_loop", "embed",
+    "loop_to_scan", "scan_to_loop",
 ]
 __version__ = "0.1.0"

@@ -10,7 +10,7 @@ import pytest
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxencoder.checkpoint import Checkpointer, restore_params_only
+from jaxencoder.io.checkpoint import Checkpointer, restore_params_only
 
 
 @struct.dataclass

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import train_helpers as th
-from jaxencoder.loop import train_and_evaluate
-from jaxencoder.metrics import read_metrics
+from jaxencoder.train.loop import train_and_evaluate
+from jaxencoder.train.metrics import read_metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -22,10 +22,10 @@ WORKER = """
 import sys
 sys.path.insert(0, {tests!r})
 import pathlib
-from jaxencoder import distributed
+from jaxencoder.train import distributed
 distributed.initialize({address!r}, 2, {pid})
 import train_helpers as th
-from jaxencoder.loop import train_and_evaluate
+from jaxencoder.train.loop import train_and_evaluate
 config = th.tiny_config(pathlib.Path({root!r}), {source!r}, pathlib.Path({vocab!r}),
                         dropout_rate=0.0, attention_dropout_rate=0.0)
 config.num_train_steps, config.optim.total_steps = {steps}, 6

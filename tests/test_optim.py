@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from jaxencoder import EncoderConfig, EncoderForMaskedLM
-from jaxencoder.optim import (default_optim_config, learning_rate_schedule, make_optimizer,
+from jaxencoder.train.optim import (default_optim_config, learning_rate_schedule, make_optimizer,
                               param_multipliers, path_str, trainable_mask, update_applied,
                               weight_decay_mask)
 

@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 
 from conftest import tiny_config
 from jaxencoder import Encoder, EncoderForMaskedLM
-from jaxencoder.checkpoint import restore_params_only
+from jaxencoder.io.checkpoint import restore_params_only
 from jaxencoder.pooling import mean_pool
 from jaxencoder.pretrained import embed, encoder_params, load, save
 from jaxencoder.pretrained import orbax_dir

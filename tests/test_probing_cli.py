@@ -10,7 +10,7 @@ import pytest
 from conftest import tiny_config
 from data_helpers import VOCAB, WORDS, tiny_tokenizer
 from jaxencoder import Encoder
-from jaxencoder.checkpoint import Checkpointer
+from jaxencoder.io.checkpoint import Checkpointer
 from jaxencoder.probing import features
 
 TAGS = {w: ("DET" if w in ("the", "a", "an") else "NOUN" if i % 2 else "VERB")
@@ -116,7 +116,7 @@ def write_checkpoint(workdir, cfg, params, vocab_path):
 
 
 def test_cli_on_a_tiny_checkpoint_writes_the_report_and_plots(model, tmp_path):
-  from jaxencoder import probe
+  from jaxencoder.probing import __main__ as probe
   cfg, params, _ = model
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("\n".join(VOCAB) + "\n")
@@ -144,7 +144,7 @@ def test_cli_on_a_tiny_checkpoint_writes_the_report_and_plots(model, tmp_path):
 
 def test_cli_reads_a_hugging_face_bert_directory(model, tmp_path):
   pretrained = pytest.importorskip("jaxencoder.pretrained")
-  from jaxencoder import probe
+  from jaxencoder.probing import __main__ as probe
   cfg, params, tok = model
   pretrained.save(tmp_path / "hf", cfg, params, tok)
   data = tmp_path / "s.csv"

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from conftest import random_ids, tiny_config
-from jaxencoder import tasks
+from jaxencoder.train import tasks
 
 
 def test_weighted_ce_matches_optax_and_argmax():

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 
 import train_helpers as th
-from jaxencoder import sharding, steps
-from jaxencoder.checkpoint import Checkpointer
-from jaxencoder.loop import NonFiniteLossError, build_task, setup, train_and_evaluate
-from jaxencoder.optim import make_optimizer
-from jaxencoder.task_data import make_pipelines
-from jaxencoder.metrics import read_metrics
-from jaxencoder.train_config import apply_overrides, base_config, encoder_config, finalize
+from jaxencoder.train import sharding
+from jaxencoder.train import steps
+from jaxencoder.io.checkpoint import Checkpointer
+from jaxencoder.train.loop import NonFiniteLossError, build_task, setup, train_and_evaluate
+from jaxencoder.train.optim import make_optimizer
+from jaxencoder.train.pipelines import make_pipelines
+from jaxencoder.train.metrics import read_metrics
+from jaxencoder.train.config import apply_overrides, base_config, encoder_config, finalize
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -226,7 +227,7 @@ SUBPROCESS_RUN = """
 import sys
 sys.path.insert(0, {tests!r})
 import train_helpers as th, pathlib
-from jaxencoder.loop import train_and_evaluate
+from jaxencoder.train.loop import train_and_evaluate
 root = pathlib.Path({root!r})
 config = th.tiny_config(root, {source!r}, pathlib.Path({vocab!r}))
 config.num_train_steps, config.checkpoint_every, config.eval_every = {steps}, 5, 1000

@@ -7,7 +7,7 @@ import numpy as np
 from data_helpers import VOCAB, WORDS
 from jaxencoder.config import EncoderConfig
 from jaxencoder.data import builders
-from jaxencoder.train_config import base_config, model_config
+from jaxencoder.train.config import base_config, model_config
 
 TAGS = ("DET", "NOUN", "VERB")
 

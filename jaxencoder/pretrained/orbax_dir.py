@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from jaxencoder.checkpoint import CONFIG, STATE, Checkpointer, restore_params_only
+from jaxencoder.io.checkpoint import CONFIG, STATE, Checkpointer, restore_params_only
 from jaxencoder.config import EncoderConfig
 from jaxencoder.heads import EncoderForMaskedLM
 from jaxencoder.pretrained.hf_checkpoint import Params, read_tokenizer

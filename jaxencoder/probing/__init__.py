@@ -4,7 +4,7 @@
   probes.probe_all_layers(feats.layers, feats.labels_M, feats.sentence_ids_M, ...)
   study.run(cfg, params, tokenizer, dataset, out_dir)   # everything + report.json + PNGs
 
-CLI: python -m jaxencoder.probe --pretrained HF_DIR --data FILE --out DIR
+CLI: python -m jaxencoder.probing --pretrained HF_DIR --data FILE --out DIR
 """
 
 from jaxencoder.probing import (attention_stats, features, health, probes, report, representation,

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from jaxencoder.config import dataclass_from_dict
-from jaxencoder.metrics import read_metrics
+from jaxencoder.train.metrics import read_metrics
 
 
 @dataclasses.dataclass(frozen=True)

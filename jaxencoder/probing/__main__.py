@@ -1,7 +1,7 @@
 """Probe what each layer of a checkpoint represents; writes OUT/report.json and PNG plots.
 
-  python -m jaxencoder.probe --pretrained HF_DIR --data tagged.txt --out probe_out
-  python -m jaxencoder.probe --checkpoint WORKDIR --data sentences.csv --out probe_out
+  python -m jaxencoder.probing --pretrained HF_DIR --data tagged.txt --out probe_out
+  python -m jaxencoder.probing --checkpoint WORKDIR --data sentences.csv --out probe_out
 
 `--checkpoint` is a train.py workdir (its config, latest encoder params and
 metrics.jsonl for the training-health report); `--pretrained` a Hugging Face BERT
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxencoder.checkpoint import CONFIG, restore_params_only
+from jaxencoder.io.checkpoint import CONFIG, restore_params_only
 from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import Encoder
 from jaxencoder.probing import features, probes, representation, study
@@ -80,7 +80,7 @@ def load_pretrained(hf_dir, tokenizer_path: str | None = None):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(prog="python -m jaxencoder.probe", description=__doc__,
+  p = argparse.ArgumentParser(prog="python -m jaxencoder.probing", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   source = p.add_mutually_exclusive_group(required=True)
   source.add_argument("--checkpoint", help="a train.py workdir (or its checkpoints/ dir)")

@@ -19,16 +19,16 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from jaxencoder import distributed
-from jaxencoder import sharding as sharding_lib
-from jaxencoder import steps
-from jaxencoder.checkpoint import Checkpointer, restore_params_only
-from jaxencoder.metrics import MetricWriter, throughput
-from jaxencoder.optim import make_optimizer
-from jaxencoder.steppers import make_stepper
-from jaxencoder.task_data import Pipelines, make_pipelines
-from jaxencoder.tasks import Task, make_task, summarize
-from jaxencoder.train_config import encoder_config, finalize
+from jaxencoder.train import distributed
+from jaxencoder.train import sharding as sharding_lib
+from jaxencoder.train import steps
+from jaxencoder.io.checkpoint import Checkpointer, restore_params_only
+from jaxencoder.train.metrics import MetricWriter, throughput
+from jaxencoder.train.optim import make_optimizer
+from jaxencoder.train.parallel import make_stepper
+from jaxencoder.train.pipelines import Pipelines, make_pipelines
+from jaxencoder.train.tasks import Task, make_task, summarize
+from jaxencoder.train.config import encoder_config, finalize
 
 log = logging.getLogger("jaxencoder")
 

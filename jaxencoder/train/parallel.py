@@ -9,9 +9,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxencoder import sharding as sharding_lib
-from jaxencoder import steps
-from jaxencoder.metrics import compiled_flops
+from jaxencoder.train import sharding as sharding_lib
+from jaxencoder.train import steps
+from jaxencoder.train.metrics import compiled_flops
 
 
 class JitStepper:

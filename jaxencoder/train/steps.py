@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxencoder import sharding as sharding_lib
-from jaxencoder.tasks import Task
+from jaxencoder.train import sharding as sharding_lib
+from jaxencoder.train.tasks import Task
 
 
 @flax.struct.dataclass

@@ -14,8 +14,8 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxencoder.config import EncoderConfig
-from jaxencoder.optim import default_optim_config
-from jaxencoder.sharding import DEFAULT_RULES
+from jaxencoder.train.optim import default_optim_config
+from jaxencoder.train.sharding import DEFAULT_RULES
 
 # EncoderConfig fields that default to None, with the type an override takes.
 _OPTIONAL_MODEL_FIELDS = {"head_dim": int, "mlp_dim": int, "sliding_window": int}

@@ -1,0 +1,1 @@
+"""Where runs live: paths (local or Cloud Storage), orbax checkpoints, the run directory."""
