@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import flax
@@ -18,6 +20,44 @@ from jaxencoder.layers import constrain, norm, take_rows
 from jaxencoder.masks import make_attention_mask
 from jaxencoder.pooling import Pooler
 from jaxencoder.positions import RelativePositionBias
+
+# Param-tree names: the one place they are spelled. Optimizer rules (layer-wise LR decay,
+# freezing), the loop <-> scan layout converter, heads and the Hugging Face name maps
+# import them, so a rename here moves everything at once.
+ENCODER = "encoder"  # where task models and EncoderForMaskedLM hold the Encoder
+EMBEDDINGS = "embeddings"  # the front end: token / patch / series, positions, types
+LAYER_PREFIX = "layers_"  # looped stack: layers_0 ... layers_{N-1}
+SCANNED_LAYERS = "layers"  # scanned stack: one subtree, every leaf with a leading [N] axis
+_LAYER_NAME = re.compile(rf"^{LAYER_PREFIX}(\d+)$")
+
+
+def layer_name(i: int) -> str:
+  """Name of layer i in the looped stack."""
+  return f"{LAYER_PREFIX}{i}"
+
+
+def path_parts(path) -> tuple[str, ...]:
+  """('encoder', 'layers_3', ...) from 'encoder/layers_3/...', a tuple of names or a jax
+  key path (DictKey / GetAttrKey entries)."""
+  if isinstance(path, str):
+    return tuple(path.split("/"))
+  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def layer_index(path) -> int | None:
+  """Index i of the looped layer `layers_i` that `path` lies in; None outside the stack
+  (and for the scanned stack, whose leaves hold every layer: see `in_scanned_stack`)."""
+  return next((int(m.group(1)) for p in path_parts(path) if (m := _LAYER_NAME.match(p))), None)
+
+
+def in_scanned_stack(path) -> bool:
+  """Whether `path` lies in the scanned stack (leading axis = layer index)."""
+  return SCANNED_LAYERS in path_parts(path)
+
+
+def in_embeddings(path) -> bool:
+  return EMBEDDINGS in path_parts(path)
+
 
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole block
@@ -111,7 +151,7 @@ class Encoder(nn.Module):
     if attention_mask is None:
       attention_mask = (segment_ids != 0 if segment_ids is not None
                         else jnp.ones(len_BxL, jnp.int32))
-    x_BxLxD, mask_BxL, segment_ids, positions_BxL = Embeddings(cfg, name="embeddings")(
+    x_BxLxD, mask_BxL, segment_ids, positions_BxL = Embeddings(cfg, name=EMBEDDINGS)(
         inputs, attention_mask, token_type_ids, segment_ids, positions,
         deterministic=deterministic)
     x_BxLxD = constrain(x_BxLxD)
@@ -157,14 +197,14 @@ class Encoder(nn.Module):
       outs = []
       for i in range(cfg.num_layers):
         rows = last_rows_BxQ if i == cfg.num_layers - 1 else None
-        x_BxLxD, out = block(cfg, name=f"layers_{i}")(x_BxLxD, *args, rows)
+        x_BxLxD, out = block(cfg, name=layer_name(i))(x_BxLxD, *args, rows)
         outs.append(out)
       return x_BxLxD, outs
     scanned = nn.scan(block, variable_axes={"params": 0},
                       split_rngs={"params": True, "dropout": True},
                       in_axes=nn.broadcast, length=cfg.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
-    x_BxLxD, stacked = scanned(cfg, name="layers")(x_BxLxD, *args)
+    x_BxLxD, stacked = scanned(cfg, name=SCANNED_LAYERS)(x_BxLxD, *args)
     outs = [{k: None if v is None else v[i] for k, v in stacked.items()}
             for i in range(cfg.num_layers)]
     return x_BxLxD, outs

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import Encoder, EncoderOutput
+from jaxencoder.encoder import EMBEDDINGS, Encoder, EncoderOutput
 from jaxencoder.ffn import ACTIVATIONS
 from jaxencoder.layers import dense, dtype_of, norm, take_rows, zeros_init
 
@@ -47,7 +47,7 @@ class EncoderForMaskedLM(nn.Module):
   cfg: EncoderConfig
 
   def setup(self):
-    self.encoder = Encoder(self.cfg)
+    self.encoder = Encoder(self.cfg)  # the attribute name is the param name: ENCODER
     self.mlm_head = MlmHead(self.cfg)
 
   def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
@@ -57,7 +57,7 @@ class EncoderForMaskedLM(nn.Module):
         inputs, attention_mask, token_type_ids, segment_ids, positions,
         deterministic=deterministic, output_hidden_states=output_hidden_states,
         output_attentions=output_attentions, output_positions=masked_positions)
-    table = self.encoder.variables["params"]["embeddings"]["token_embed"]["embedding"]
+    table = self.encoder.variables["params"][EMBEDDINGS]["token_embed"]["embedding"]
     embedding_VxD = nn.meta.unbox(table)
     return self.mlm_head(out.last_hidden_state, embedding_VxD), out
 

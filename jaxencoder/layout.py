@@ -8,14 +8,13 @@ which they unbox.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-_LOOP_KEY = re.compile(r"^layers_(\d+)$")
+from jaxencoder.encoder import SCANNED_LAYERS, layer_index, layer_name
 
 
 def loop_to_scan(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -40,22 +39,22 @@ def _convert(tree, level_fn):
 
 
 def _stack_level(tree: Mapping[str, Any]) -> dict[str, Any] | None:
-  indices = sorted(int(m.group(1)) for k in tree if (m := _LOOP_KEY.match(k)))
+  indices = sorted(i for k in tree if (i := layer_index((k,))) is not None)
   if not indices:
     return None
   if indices != list(range(len(indices))):
     raise ValueError(f"looped layers must be numbered 0..N-1, got {indices}")
-  layers = [tree[f"layers_{i}"] for i in indices]
-  rest = {k: v for k, v in tree.items() if not _LOOP_KEY.match(k)}
-  return {**rest, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+  layers = [tree[layer_name(i)] for i in indices]
+  rest = {k: v for k, v in tree.items() if layer_index((k,)) is None}
+  return {**rest, SCANNED_LAYERS: jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
 
 
 def _unstack_level(tree: Mapping[str, Any]) -> dict[str, Any] | None:
-  if "layers" not in tree or not isinstance(tree["layers"], Mapping):
+  if not isinstance(tree.get(SCANNED_LAYERS), Mapping):
     return None
-  stacked = tree["layers"]
+  stacked = tree[SCANNED_LAYERS]
   num_layers = jax.tree.leaves(stacked)[0].shape[0]
-  rest = {k: v for k, v in tree.items() if k != "layers"}
+  rest = {k: v for k, v in tree.items() if k != SCANNED_LAYERS}
   for i in range(num_layers):
-    rest[f"layers_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+    rest[layer_name(i)] = jax.tree.map(lambda x, i=i: x[i], stacked)
   return rest

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.encoder import EMBEDDINGS, layer_name
 
 # HF hidden_act -> our activation.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -117,15 +118,15 @@ def encoder_slots(cfg: EncoderConfig, *, pooler: bool, prefix: str = "") -> list
   h, k = cfg.num_heads, cfg.resolved_head_dim
   slots = [
       Slot("embeddings.word_embeddings.weight", (cfg.vocab_size, d),
-           ("embeddings", "token_embed", "embedding"), (cfg.vocab_size, d)),
+           (EMBEDDINGS, "token_embed", "embedding"), (cfg.vocab_size, d)),
       Slot("embeddings.position_embeddings.weight", (cfg.max_len, d),
-           ("embeddings", "position_embed", "embedding"), (cfg.max_len, d)),
+           (EMBEDDINGS, "position_embed", "embedding"), (cfg.max_len, d)),
       Slot("embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, d),
-           ("embeddings", "type_embed", "embedding"), (cfg.type_vocab_size, d)),
-      *norm_slots("embeddings.LayerNorm", ("embeddings", "norm"), d),
+           (EMBEDDINGS, "type_embed", "embedding"), (cfg.type_vocab_size, d)),
+      *norm_slots("embeddings.LayerNorm", (EMBEDDINGS, "norm"), d),
   ]
   for i in range(cfg.num_layers):
-    slots += layer_slots(f"encoder.layer.{i}", f"layers_{i}", d, h, k, f)
+    slots += layer_slots(f"encoder.layer.{i}", layer_name(i), d, h, k, f)
   if pooler:
     slots += dense_slots("pooler.dense", ("pooler", "dense"), (d,), (d,))
   return [dataclasses.replace(s, hf_name=prefix + s.hf_name) for s in slots]

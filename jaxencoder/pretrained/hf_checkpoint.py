@@ -17,6 +17,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.encoder import ENCODER
 from jaxencoder.layout import loop_to_scan, scan_to_loop
 from jaxencoder.pretrained import bert_names as names
 from jaxencoder.tokenizer import Tokenizer
@@ -73,7 +74,7 @@ def params_from_tensors(cfg: EncoderConfig, tensors: Mapping[str, np.ndarray], *
   if not has_head:
     return encoder
   head = nest((s.path, jnp.asarray(s.to_ours(tensors[s.hf_name]), dtype)) for s in head_slots)
-  return {"encoder": encoder, "mlm_head": head}
+  return {ENCODER: encoder, "mlm_head": head}
 
 
 def check_tensors(tensors: Mapping[str, np.ndarray], slots: list[names.Slot],
@@ -97,7 +98,7 @@ def check_tensors(tensors: Mapping[str, np.ndarray], slots: list[names.Slot],
 
 def encoder_params(params: Params) -> Params:
   """The `Encoder` params of either form `load` returns."""
-  return params["encoder"] if "encoder" in params else params
+  return params[ENCODER] if ENCODER in params else params
 
 
 # ------------------------------------------------------------------ save
@@ -134,7 +135,7 @@ def tensors_from_params(cfg: EncoderConfig, params: Params) -> tuple[dict[str, n
   pairs = [(s, encoder) for s in slots] + [(s, params.get("mlm_head")) for s in head_slots]
   wanted = {s.path for s in slots}
   if masked_lm:
-    wanted = {("encoder",) + p for p in wanted} | {("mlm_head",) + s.path for s in head_slots}
+    wanted = {(ENCODER,) + p for p in wanted} | {("mlm_head",) + s.path for s in head_slots}
   present = set(flatten(params))
   for label, paths in (("params with no BERT name", present - wanted),
                        ("params missing", wanted - present)):

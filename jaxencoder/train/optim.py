@@ -47,11 +47,10 @@ import ml_collections
 import numpy as np
 import optax
 
+from jaxencoder.encoder import ENCODER, in_embeddings, in_scanned_stack, layer_index
+
 OPTIMIZERS = ("adamw", "adafactor", "lion")
 SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
-_LOOP_LAYER = re.compile(r"^layers_(\d+)$")
-_SCAN_LAYERS = "layers"
-_EMBEDDINGS = "embeddings"
 
 
 def default_optim_config() -> ml_collections.ConfigDict:
@@ -151,25 +150,13 @@ def _parts(path) -> list[str]:
   return path_str(path).split("/")
 
 
-def _is_scanned(path) -> bool:
-  return _SCAN_LAYERS in _parts(path)
-
-
-def _loop_index(path) -> int | None:
-  return next((int(m.group(1)) for p in _parts(path) if (m := _LOOP_LAYER.match(p))), None)
-
-
-def _is_embedding(path) -> bool:
-  return _EMBEDDINGS in _parts(path)
-
-
 def _layer_distance(path, num_layers: int):
   """Distance from the top of the stack: int, or an [N] array for a scanned stack."""
-  if _is_embedding(path):
+  if in_embeddings(path):
     return num_layers + 1
-  if _is_scanned(path):
+  if in_scanned_stack(path):
     return num_layers - np.arange(num_layers)
-  index = _loop_index(path)
+  index = layer_index(path)
   return 0 if index is None else num_layers - index
 
 
@@ -189,23 +176,23 @@ def _leaf_trainable(path, x, opts):
   name = path_str(path)
   if any(re.search(pattern, name) for pattern in opts.freeze):
     return False
-  if opts.freeze_encoder and name.startswith("encoder/"):
+  if opts.freeze_encoder and name.startswith(f"{ENCODER}/"):
     return False
   k = opts.freeze_layers
-  if k and _is_embedding(path):
+  if k and in_embeddings(path):
     return False
-  if k and _is_scanned(path):
+  if k and in_scanned_stack(path):
     keep = np.arange(x.shape[0]) >= k
     return bool(keep[0]) if keep.all() or not keep.any() else keep
-  index = _loop_index(path)
+  index = layer_index(path)
   return index is None or index >= k
 
 
 def _leaf_decays(path, x, opts) -> bool:
-  matrix_rank = len(x.shape) - (1 if _is_scanned(path) else 0)
+  matrix_rank = len(x.shape) - (1 if in_scanned_stack(path) else 0)
   if _parts(path)[-1] in ("bias", "scale") or matrix_rank <= 1:
     return False
-  return opts.decay_embeddings or not _is_embedding(path)
+  return opts.decay_embeddings or not in_embeddings(path)
 
 
 # Transformations.
@@ -283,12 +270,18 @@ def _check_against_params(opts, params, num_layers: int) -> None:
   for pattern in list(opts.freeze) + [pattern for pattern, _ in opts.lr_multipliers]:
     if not any(re.search(pattern, n) for n in names):
       raise ValueError(f"optimizer regex {pattern!r} matches no parameter")
-  if opts.freeze_encoder and not any(n.startswith("encoder/") for n in names):
-    raise ValueError("freeze_encoder=True but no parameter lies under 'encoder/'")
-  indices = {i for p, _ in leaves if (i := _loop_index(p)) is not None}
-  depths = {x.shape[0] for p, x in leaves if _is_scanned(p)}
+  if opts.freeze_encoder and not any(n.startswith(f"{ENCODER}/") for n in names):
+    raise ValueError(f"freeze_encoder=True but no parameter lies under '{ENCODER}/'")
+  indices = {i for p, _ in leaves if (i := layer_index(p)) is not None}
+  depths = {x.shape[0] for p, x in leaves if in_scanned_stack(p)}
   found = depths or ({max(indices) + 1} if indices else set())
   if found and found != {num_layers}:
     raise ValueError(f"num_layers={num_layers} but params hold a stack of {sorted(found)}")
+  if not found and (opts.layer_decay is not None or opts.freeze_layers):
+    # Without layers the rules would silently treat every leaf as "above the stack".
+    tops = sorted({path_str(p).split("/")[0] for p, _ in leaves})
+    raise ValueError("layer_decay / freeze_layers need the encoder's layers, but no parameter "
+                     f"path has a looped ('layers_<i>') or scanned ('layers') stack; "
+                     f"top-level names: {tops}")
   if opts.freeze_layers > num_layers:
     raise ValueError(f"freeze_layers={opts.freeze_layers} exceeds num_layers={num_layers}")
