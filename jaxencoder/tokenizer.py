@@ -231,8 +231,8 @@ def train(files: Sequence[str], vocab_size: int, *, lowercase: bool = True,
   return Tokenizer(hf)
 
 
-def _main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m jaxencoder.tokenizer")
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="jaxencoder-tokenizer")
   sub = parser.add_subparsers(dest="cmd", required=True)
   p = sub.add_parser("train", help="train a WordPiece vocab on *.txt files under --input")
   p.add_argument("--input", required=True, help="a directory of .txt files (or one file)")
@@ -252,4 +252,4 @@ def _main(argv=None):
 
 
 if __name__ == "__main__":
-  _main()
+  main()

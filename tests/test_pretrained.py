@@ -22,7 +22,7 @@ from jaxencoder import Encoder, EncoderForMaskedLM
 from jaxencoder.io.checkpoint import restore_params_only
 from jaxencoder.pooling import mean_pool
 from jaxencoder.pretrained import embed, encoder_params, load, save
-from jaxencoder.pretrained import orbax_dir
+from jaxencoder.io import run_dir
 from jaxencoder.pretrained.__main__ import convert
 from jaxencoder.pretrained.sentences import length_buckets
 from jaxencoder.tokenizer import default_tokenizer_path
@@ -203,12 +203,43 @@ def test_convert_writes_an_init_from_checkpoint_and_back(tmp_path, scan_layers):
   save(tmp_path / "hf", cfg, params)
   convert(tmp_path / "hf", tmp_path / "jax", scan_layers=scan_layers)
   cfg_scan = cfg.replace(scan_layers=scan_layers)
-  abstract = orbax_dir.abstract_params(cfg_scan)["encoder"]
+  abstract = run_dir.abstract_params(cfg_scan)["encoder"]
   restored = restore_params_only(tmp_path / "jax" / "checkpoints", abstract)
   expected = load(tmp_path / "hf", scan_layers=scan_layers)[1]
   chex.assert_trees_all_equal(jax.device_get(restored), jax.device_get(expected))
+  stored = run_dir.RunDir.open(tmp_path / "jax")
+  assert stored.model_config() == cfg_scan  # the architecture travels with the weights
+  # Either layout restores into the other: init_from converts on load.
+  other = stored.restore_encoder(scan_layers=not scan_layers)
+  expected_other = load(tmp_path / "hf", scan_layers=not scan_layers)[1]
+  chex.assert_trees_all_equal(jax.device_get(other), jax.device_get(expected_other))
   convert(tmp_path / "jax", tmp_path / "hf2")
   chex.assert_trees_all_equal(load(tmp_path / "hf2")[1], load(tmp_path / "hf")[1])
+
+
+@needs_minilm
+def test_train_py_fine_tunes_a_converted_minilm_without_model_flags(tmp_path):
+  """The README's path: convert, then train.py with init_from and no --config.model.*."""
+  import subprocess
+  import train_helpers as th
+  convert(MINILM, tmp_path / "minilm")
+  source = th.classification_set(tmp_path)
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  overrides = dict(init_from=tmp_path / "minilm", **{"data.source": source},
+                   **{"data.data_dir": tmp_path, "data.seq_len": 16, "optim.freeze_encoder": "true",
+                      "optim.layer_decay": "None", "optim.warmup_steps": 0},
+                   num_train_steps=2, batch_size=8, eval_batch_size=8, log_every=1, eval_every=2,
+                   checkpoint_every=2, progress_bar="false")
+  command = [sys.executable, str(repo / "train.py"), "--config", str(repo / "configs/classify.py"),
+             "--workdir", str(tmp_path / "cls")] + [f"--config.{k}={v}" for k, v in overrides.items()]
+  result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "init_from=" in result.stderr and "model.num_layers: 2 -> 6" in result.stderr
+  run = run_dir.RunDir.open(tmp_path / "cls")
+  cfg = run.model_config()
+  assert (cfg.num_layers, cfg.emb_dim, cfg.vocab_size, cfg.pooling) == (6, 384, 30522, "mean")
+  # Frozen encoder: the fine-tuned run's encoder is MiniLM's, exactly.
+  chex.assert_trees_all_equal(jax.device_get(run.restore_encoder()), load(MINILM)[1])
 
 
 # ------------------------------------------------------------------ embed

@@ -71,7 +71,7 @@ def test_train_cli_writes_loadable_vocab(tmp_path):
   corpus = tmp_path / "corpus"
   corpus.mkdir()
   (corpus / "a.txt").write_text("the cat sat on the mat\nthe dog sat on the log\n" * 50)
-  tok_lib._main(["train", "--input", str(corpus), "--vocab-size", "60",
+  tok_lib.main(["train", "--input", str(corpus), "--vocab-size", "60",
                  "--out", str(tmp_path / "tok")])
   for name in ("vocab.txt", "tokenizer.json"):
     tok = tok_lib.Tokenizer.from_file(tmp_path / "tok" / name)

@@ -22,7 +22,8 @@ from jaxencoder.train.loop import NonFiniteLossError, build_task, setup, train_a
 from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.pipelines import make_pipelines
 from jaxencoder.train.metrics import read_metrics
-from jaxencoder.train.config import apply_overrides, base_config, encoder_config, finalize
+from jaxencoder.train.config import (adopt_init_from_model, apply_overrides, base_config,
+                                     encoder_config, finalize)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -187,15 +188,32 @@ def test_init_from_loads_the_encoder_into_a_new_head(corpus, tmp_path):
   assert "head" in after
 
 
-def test_init_from_with_another_shape_names_the_param(corpus, tmp_path):
+def test_init_from_takes_the_stored_architecture_and_overrides_win(corpus, tmp_path):
   root, source, vocab = corpus
-  config = th.tiny_config(root, source, vocab)
+  config = th.tiny_config(root, source, vocab, num_layers=3)
   config.num_train_steps = 3
   train_and_evaluate(config, tmp_path / "mlm")
-  wide = th.tiny_config(root, source, vocab, emb_dim=48)
-  wide.init_from = str(tmp_path / "mlm")
-  with pytest.raises(ValueError, match=r"embeddings/token_embed/embedding: checkpoint \(\d+, 32\)"):
+  # A config for another architecture: init_from brings the stored one (3 layers, 32 wide).
+  other = th.tiny_config(root, source, vocab, emb_dim=48, num_layers=1, dropout_rate=0.3)
+  other.init_from = str(tmp_path / "mlm")
+  changes = adopt_init_from_model(other)
+  assert "model.emb_dim: 48 -> 32" in changes and "model.num_layers: 1 -> 3" in changes
+  assert other.model.dropout_rate == 0.3  # how to run it stays this config's
+  # An explicit model override wins, and a shape that cannot load names param and shapes.
+  wide = th.tiny_config(root, source, vocab, num_layers=3)
+  apply_overrides(wide, [f"init_from={tmp_path / 'mlm'}", "model.emb_dim=48"])
+  assert tuple(wide.model_overrides) == ("emb_dim",)
+  with pytest.raises(ValueError, match=r"(?s)init_from=.*embeddings/token_embed/embedding: "
+                                       r"checkpoint \(\d+, 32\) vs model \(\d+, 48\)"):
     train_and_evaluate(wide, tmp_path / "wide")
+
+
+def test_init_from_a_missing_directory_names_it(corpus, tmp_path):
+  root, source, vocab = corpus
+  config = th.tiny_config(root, source, vocab)
+  config.init_from = str(tmp_path / "nowhere")
+  with pytest.raises(FileNotFoundError, match=r"nowhere: no checkpoint here"):
+    train_and_evaluate(config, tmp_path / "run")
 
 
 def test_unknown_override_lists_valid_keys():

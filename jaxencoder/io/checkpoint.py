@@ -25,6 +25,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
+from jaxencoder.encoder import ENCODER
+from jaxencoder.io.paths import as_path
+
 PyTree = Any
 STATE, DATA, CONFIG = "state", "data", "config"
 
@@ -42,7 +45,7 @@ class Checkpointer:
                best_mode: str = "min", keep_best: int = 1, async_save: bool = True):
     if best_mode not in ("min", "max"):
       raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
-    self.directory = epath.Path(directory).absolute()  # orbax needs absolute paths
+    self.directory = as_path(directory)  # orbax needs absolute paths; URLs stay URLs
     self.best_metric = best_metric
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=policies.AnySavePolicy([
@@ -171,22 +174,23 @@ def to_json(value: Any) -> Any:
 
 
 def restore_params_only(directory: epath.PathLike, abstract_params: PyTree, *,
-                        subtree: Sequence[str] = ("params", "encoder")) -> PyTree:
-  """Loads only `state[subtree]` of the latest checkpoint in `directory`.
+                        subtree: Sequence[str] = ("params", ENCODER),
+                        step: int | None = None) -> PyTree:
+  """Loads only `state[subtree]` of `step` (default: the latest) in `directory`.
 
   For `init_from`: e.g. a pretrained encoder into a model with a new head.
   `abstract_params` mirrors the subtree as `jax.ShapeDtypeStruct`s with
   shardings. Raises ValueError naming every path whose shape differs or which
   exists on one side only.
   """
-  directory = epath.Path(directory).absolute()
+  directory = as_path(directory)
   if not directory.exists():
     raise FileNotFoundError(f"no checkpoint directory {directory}")
   manager = ocp.CheckpointManager(
       directory, options=ocp.CheckpointManagerOptions(read_only=True),
       item_handlers={STATE: ocp.PyTreeCheckpointHandler()})
   try:
-    step = manager.latest_step()
+    step = manager.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {directory}")
     saved_tree = manager.item_metadata(step)[STATE].tree
@@ -223,6 +227,9 @@ def _shapes_by_path(tree: PyTree) -> dict[str, tuple[int, ...]]:
           for path, leaf in leaves}
 
 
+_MAX_LISTED = 8
+
+
 def _check_same_shapes(saved: PyTree, wanted: PyTree) -> None:
   saved_shapes, wanted_shapes = _shapes_by_path(saved), _shapes_by_path(wanted)
   problems = [f"{p}: checkpoint {saved_shapes.get(p, 'missing')} vs "
@@ -230,5 +237,7 @@ def _check_same_shapes(saved: PyTree, wanted: PyTree) -> None:
               for p in sorted(saved_shapes.keys() | wanted_shapes.keys())
               if saved_shapes.get(p) != wanted_shapes.get(p)]
   if problems:
-    raise ValueError("checkpoint params do not fit the model:\n  " +
-                     "\n  ".join(problems))
+    shown = problems[:_MAX_LISTED] + ([f"... and {len(problems) - _MAX_LISTED} more"]
+                                      if len(problems) > _MAX_LISTED else [])
+    raise ValueError(f"checkpoint params do not fit the model ({len(problems)} params):\n  "
+                     + "\n  ".join(shown))

@@ -1,11 +1,12 @@
 """Probe what each layer of a checkpoint represents; writes OUT/report.json and PNG plots.
 
-  python -m jaxencoder.probing --pretrained HF_DIR --data tagged.txt --out probe_out
-  python -m jaxencoder.probing --checkpoint WORKDIR --data sentences.csv --out probe_out
+  jaxencoder-probe --pretrained HF_DIR --data tagged.txt --out probe_out
+  jaxencoder-probe --checkpoint WORKDIR --data sentences.csv --out probe_out
+  (the same: python -m jaxencoder.probing ...)
 
-`--checkpoint` is a train.py workdir (its config, latest encoder params and
-metrics.jsonl for the training-health report); `--pretrained` a Hugging Face BERT
-directory. Data: `word/TAG` lines or `.conllu` (word-level probe), `.csv`/`.tsv`
+`--checkpoint` is a run directory: a train.py workdir (its config, latest encoder
+params and metrics.jsonl for the training-health report) or a converted checkpoint;
+`--pretrained` a Hugging Face BERT directory. Paths may be gs:// URLs. Data: `word/TAG` lines or `.conllu` (word-level probe), `.csv`/`.tsv`
 `text,label` rows (sentence-level probe).
 """
 
@@ -15,55 +16,21 @@ import argparse
 import json
 import pathlib
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
-from jaxencoder.io.checkpoint import CONFIG, restore_params_only
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import Encoder
+from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features, probes, representation, study
 from jaxencoder.probing.health import HealthThresholds
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
 
 
-def checkpoint_dir(workdir) -> pathlib.Path:
-  workdir = pathlib.Path(workdir).absolute()
-  return workdir / "checkpoints" if (workdir / "checkpoints").is_dir() else workdir
-
-
-def read_run_config(directory) -> dict:
-  """The JSON config saved with the latest checkpoint in `directory`."""
-  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
-                                  item_handlers={CONFIG: ocp.JsonCheckpointHandler()})
-  try:
-    step = manager.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"no checkpoint in {directory}")
-    return manager.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()}))[
-        CONFIG]
-  finally:
-    manager.close()
-
-
-def abstract_encoder_params(cfg: EncoderConfig):
-  """ShapeDtypeStructs (single-device sharding) of the Encoder's unboxed params."""
-  ids = jnp.zeros((1, 8), jnp.int32)
-  shapes = jax.eval_shape(lambda: Encoder(cfg).init(jax.random.key(0), ids)["params"])
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-                      nn.meta.unbox(shapes))
-
-
 def load_checkpoint(workdir, tokenizer_path: str | None = None):
-  """(cfg, params, tokenizer) of a train.py run's latest checkpoint."""
-  directory = checkpoint_dir(workdir)
-  config = read_run_config(directory)
-  cfg = EncoderConfig.from_dict(config["model"])
-  params = restore_params_only(directory, abstract_encoder_params(cfg))
-  vocab = tokenizer_path or config.get("data", {}).get("tokenizer") or default_tokenizer_path()
+  """(cfg, params, tokenizer) of a run directory's latest checkpoint (a train.py workdir
+  or a converted checkpoint; local or gs://)."""
+  run = RunDir.open(workdir)
+  cfg = run.model_config()
+  params = run.restore_encoder()
+  vocab = tokenizer_path or run.tokenizer_path() or default_tokenizer_path()
   if not vocab:
     raise FileNotFoundError("no tokenizer: pass --tokenizer (vocab.txt / tokenizer.json)")
   return cfg, params, Tokenizer.from_file(vocab)

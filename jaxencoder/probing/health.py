@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from jaxencoder.config import dataclass_from_dict
-from jaxencoder.train.metrics import read_metrics
+from jaxencoder.io.run_dir import read_metrics
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features as features_lib
 from jaxencoder.probing import health, probes, report, representation
 
@@ -50,8 +51,9 @@ def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, ou
                                                     seed=options.probe.seed)
   rep["collapse_thresholds"] = dataclasses.asdict(options.collapse)
   rep["attention"] = feats.attention
-  if workdir is not None and (pathlib.Path(workdir) / "metrics.jsonl").exists():
-    rep["training_health"] = health.workdir_health(workdir, options.health_thresholds)
+  records = RunDir.open(workdir).read_metrics() if workdir is not None else []
+  if records:
+    rep["training_health"] = health.training_health(records, options.health_thresholds)
   rep["plots"] = _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options)
   rep["seconds"] = time.time() - started
   report.write_json(rep, out_dir / "report.json")

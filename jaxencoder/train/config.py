@@ -2,11 +2,14 @@
 
 Overrides from the command line (`--config.a.b=value`) go through
 `apply_overrides`, which rejects unknown keys with the list of valid ones.
+With `init_from`, the model's architecture comes from the config stored with that
+checkpoint (`adopt_init_from_model`); `model.*` overrides still win.
 """
 
 from __future__ import annotations
 
 import ast
+import logging
 import math
 from typing import Any, Sequence
 
@@ -17,8 +20,17 @@ from jaxencoder.config import EncoderConfig
 from jaxencoder.train.optim import default_optim_config
 from jaxencoder.train.sharding import DEFAULT_RULES
 
+log = logging.getLogger("jaxencoder")
+
 # EncoderConfig fields that default to None, with the type an override takes.
 _OPTIONAL_MODEL_FIELDS = {"head_dim": int, "mlp_dim": int, "sliding_window": int}
+# EncoderConfig fields that say how to run a model, not what it is: with init_from they
+# keep this config's values (the stack layout is converted on load); all others come
+# from the checkpoint.
+RUNTIME_MODEL_FIELDS = ("attention_impl", "dropout_rate", "attention_dropout_rate",
+                        "mlp_dropout_rate", "initializer_range", "scan_layers",
+                        "remat_policy", "dtype", "param_dtype")
+TEXT_KINDS = ("text_corpus", "text_classification", "tagged_tokens")
 
 
 def model_config(cfg: EncoderConfig) -> ml_collections.ConfigDict:
@@ -70,14 +82,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.total_steps = 0  # 0: follow num_train_steps
   c.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
   c.logical_axis_rules = [(name, axes) for name, axes in DEFAULT_RULES]
-  c.init_from = ""  # a checkpoint directory: load its encoder params into a new head
+  c.init_from = ""  # a run / converted checkpoint dir: its encoder params and architecture
+  c.model_overrides = ()  # model fields kept over init_from's (command-line model.* added)
   c.parallelism = "jit"  # jit (default, any mesh) | pmap (compatibility: data parallel only)
   c.progress_bar = True
   return c
 
 
 def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Ties derived values (the schedule's length follows num_train_steps) and locks."""
+  """Takes init_from's architecture, ties derived values (the schedule's length follows
+  num_train_steps) and locks."""
+  adopt_init_from_model(config)
   if not config.optim.total_steps:
     config.optim.total_steps = config.num_train_steps
   if config.max_predictions < 0:  # room for 1.25x the expected masked tokens
@@ -127,3 +142,32 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
     for name in parents:
       node = node[name]
     node[leaf] = _parse_value(text, node[leaf])
+    if parents == ["model"] and leaf not in config.model_overrides:
+      config.model_overrides = tuple(config.model_overrides) + (leaf,)
+
+
+def adopt_init_from_model(config: ml_collections.ConfigDict) -> list[str]:
+  """With `init_from`, sets `config.model` to the architecture stored with that checkpoint
+  (all fields but RUNTIME_MODEL_FIELDS and `model_overrides`), and `data.tokenizer` to
+  the checkpoint's when unset. Returns the changes as 'field: old -> new' lines."""
+  if not config.init_from:
+    return []
+  from jaxencoder.io.run_dir import RunDir  # orbax: only when a checkpoint is read
+  source = RunDir.open(config.init_from)
+  stored = source.model_config().to_dict()
+  keep = set(RUNTIME_MODEL_FIELDS) | set(config.model_overrides)
+  changes = []
+  for name, value in stored.items():
+    current = config.model[name]
+    value = list(value) if isinstance(value, tuple) else value
+    current = list(current) if isinstance(current, tuple) else current
+    if name not in keep and value != current:
+      config.model[name] = stored[name]
+      changes.append(f"model.{name}: {current} -> {value}")
+  tokenizer = source.tokenizer_path()
+  if tokenizer and not config.data.tokenizer and config.data.kind in TEXT_KINDS:
+    config.data.tokenizer = str(tokenizer)
+    changes.append(f"data.tokenizer: '' -> {tokenizer}")
+  if changes:
+    log.info("init_from=%s: taking the checkpoint's %s", config.init_from, "; ".join(changes))
+  return changes

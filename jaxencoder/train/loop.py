@@ -1,14 +1,14 @@
 """The training loop: `train_and_evaluate(config, workdir)`, importable from notebooks.
 
-Resumes automatically from the latest checkpoint in `workdir/checkpoints`
-(state, data-iterator position and step), so rerunning a command continues it.
+Resumes automatically from the latest checkpoint of the run directory (state,
+data-iterator position and step), so rerunning a command continues it. The
+workdir may be local or `gs://bucket/path` (see jaxencoder.io.run_dir).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import pathlib
 import signal
 import time
 from typing import Any
@@ -19,10 +19,12 @@ import ml_collections
 import numpy as np
 import tqdm
 
+from jaxencoder.encoder import ENCODER
 from jaxencoder.train import distributed
 from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
-from jaxencoder.io.checkpoint import Checkpointer, restore_params_only
+from jaxencoder.io.checkpoint import Checkpointer
+from jaxencoder.io.run_dir import RunDir
 from jaxencoder.train.metrics import MetricWriter, throughput
 from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.parallel import make_stepper
@@ -41,7 +43,7 @@ class NonFiniteLossError(FloatingPointError):
 class Run:
   """Everything a training run holds between steps."""
   config: ml_collections.ConfigDict
-  workdir: pathlib.Path
+  run_dir: RunDir
   task: Task
   pipelines: Pipelines
   mesh: Any
@@ -74,9 +76,9 @@ def peek(iterator) -> dict[str, np.ndarray]:
   return element
 
 
-def setup(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run:
+def setup(config: ml_collections.ConfigDict, workdir) -> Run:
   """Builds data, model, optimizer, mesh and checkpointer; restores or initialises state."""
-  workdir = pathlib.Path(workdir).absolute()
+  run_dir = RunDir(workdir)
   pipelines = make_pipelines(config)
   task = build_task(config, pipelines)
   train_iter = iter(pipelines.train)
@@ -85,13 +87,13 @@ def setup(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   rules = sharding_lib.rules_from_config(config.logical_axis_rules)
   tx, schedule = make_optimizer(config.optim, steps.param_shapes(task, example),
                                 num_layers=config.model.num_layers)
-  checkpointer = Checkpointer(
-      workdir / "checkpoints", save_interval_steps=config.checkpoint_every,
+  checkpointer = run_dir.checkpointer(
+      save_interval_steps=config.checkpoint_every,
       max_to_keep=config.keep_checkpoints, best_metric=f"eval_{config.best_metric}",
       best_mode="min" if config.best_metric == "loss" else "max")
-  run = Run(config, workdir, task, pipelines, mesh, rules, tx, schedule,
+  run = Run(config, run_dir, task, pipelines, mesh, rules, tx, schedule,
             steps.state_shardings(task, tx, example, mesh, rules), checkpointer,
-            MetricWriter(workdir, enabled=jax.process_index() == 0), train_iter=train_iter)
+            MetricWriter(run_dir.path, enabled=jax.process_index() == 0), train_iter=train_iter)
   run.state = restore_or_init(run, example)
   return run
 
@@ -132,14 +134,15 @@ def restore_data_position(iterator, data_state, step: int) -> None:
 
 def load_encoder(state: steps.TrainState, init_from: str, shardings) -> steps.TrainState:
   """Replaces the encoder params with those of another run's latest checkpoint."""
-  directory = pathlib.Path(init_from)
-  if (directory / "checkpoints").is_dir():
-    directory = directory / "checkpoints"
+  source = RunDir.open(init_from)
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          state.params["encoder"], shardings.params["encoder"])
-  encoder = restore_params_only(directory, abstract)
-  log.info("loaded encoder params from %s", directory)
-  return state.replace(params={**state.params, "encoder": encoder})
+                          state.params[ENCODER], shardings.params[ENCODER])
+  try:
+    encoder = source.restore_encoder(abstract)
+  except ValueError as e:
+    raise ValueError(f"init_from={init_from}: {e}") from None
+  log.info("loaded encoder params from %s (step %d)", source.path, source.latest_step())
+  return state.replace(params={**state.params, ENCODER: encoder})
 
 
 def evaluate(run: Run, eval_step) -> dict[str, float]:
@@ -184,7 +187,7 @@ def save(run: Run, eval_metrics: dict[str, float] | None, *, force: bool = False
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,
-                       workdir: str | pathlib.Path) -> dict[str, float]:
+                       workdir) -> dict[str, float]:
   """Trains per `config` in `workdir` (resuming if it holds checkpoints); final eval metrics."""
   config = finalize(ml_collections.ConfigDict(config.to_dict()))
   run = setup(config, workdir)

@@ -7,6 +7,7 @@ Both take host batches and keep the checkpointed state in one canonical layout
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxencoder.train import sharding as sharding_lib
@@ -41,13 +42,19 @@ class PmapStepper:
   """`train_step` under jax.pmap: replicated state, [devices, B / devices, ...] batches,
   psum-ed gradients. Single-process data parallelism only."""
 
+  AXIS = "batch"
+
   def __init__(self, task, tx, base_rng, shardings):
     if jax.process_count() > 1:
       raise ValueError("parallelism='pmap' is single-process; use the default 'jit'")
-    self._step = steps.pmap_train_step(task, tx, base_rng)
     self.devices = jax.local_device_count()
     self.shardings = shardings
     self.flops = None
+    step = lambda state, batch, rng: steps.train_step(state, batch, task=task, tx=tx,
+                                                      base_rng=rng, axis_name=self.AXIS)
+    self._step = jax.pmap(step, axis_name=self.AXIS, donate_argnums=0)
+    # One dropout key per device, so devices do not drop the same units.
+    self._rngs = jax.vmap(lambda i: jax.random.fold_in(base_rng, i))(jnp.arange(self.devices))
 
   def put(self, host_batch):
     def split(x):
@@ -59,7 +66,7 @@ class PmapStepper:
     return {k: split(v) for k, v in host_batch.items()}
 
   def step(self, state, batch):
-    state, sums = self._step(state, batch)
+    state, sums = self._step(state, batch, self._rngs)
     return state, jax.tree.map(lambda x: x[0], sums)  # identical on every device
 
   def canonical(self, state):

@@ -89,13 +89,11 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task: Task,
                axis_name: str | None = None):
   """One optimizer step. Returns (new state, metric sums incl. grad_norm and loss).
 
-  Gradients are those of sum(loss) / sum(weight) over the whole batch. Under pmap
-  (`axis_name`), each device's gradient sums and metric sums are psum-ed first, so
-  the update equals the jit path's for the same global batch.
+  Gradients are those of sum(loss) / sum(weight) over the whole batch. `axis_name`
+  (pmap compatibility, see train/parallel.py) psums each device's gradient and metric
+  sums first, so the update equals the jit path's for the same global batch.
   """
   rng = jax.random.fold_in(base_rng, state.step)
-  if axis_name is not None:
-    rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
 
   def loss_sum(params):
     _, sums = task.loss_fn(params, batch, rng, True)
@@ -133,14 +131,6 @@ def jit_train_step(task: Task, tx, base_rng, shardings: TrainState, mesh: Mesh):
   batch_sharding = sharding_lib.batch_sharding(mesh)
   return jax.jit(step, in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, None), donate_argnums=0)
-
-
-def pmap_train_step(task: Task, tx, base_rng):
-  """train_step under jax.pmap over the local devices (replicated state, per-device
-  batches [devices, B / devices, ...]); for pmap-era code. The jit path is the default."""
-  step = lambda state, batch: train_step(state, batch, task=task, tx=tx, base_rng=base_rng,
-                                         axis_name="batch")
-  return jax.pmap(step, axis_name="batch", donate_argnums=0)
 
 
 def jit_eval_step(task: Task, shardings: TrainState, mesh: Mesh):

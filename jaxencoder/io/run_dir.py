@@ -1,0 +1,216 @@
+"""The run directory: the only code that knows its layout.
+
+  WORKDIR/                     # local path or gs://bucket/path
+    checkpoints/<step>/        # orbax, see jaxencoder.io.checkpoint:
+      state/ data/ config/ metrics/
+    metrics.jsonl              # one JSON object per line: {"step", "split", metric: value}
+    tensorboard/               # TensorBoard events
+    tokenizer.json, vocab.txt  # optional: the tokenizer the run's inputs use
+
+train.py writes it (`RunDir.checkpointer`, `metrics_file`, `tensorboard_dir`); the
+converter creates one from a Hugging Face checkpoint (`write_encoder`); `init_from`,
+probing and the converter back to Hugging Face read it (`read_config`,
+`model_config`, `restore_encoder`, `restore_params`, `read_metrics`). A path may
+name the workdir or its `checkpoints/` folder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from etils import epath
+
+from jaxencoder.config import EncoderConfig
+from jaxencoder.encoder import ENCODER, in_scanned_stack
+from jaxencoder.heads import EncoderForMaskedLM
+from jaxencoder.io.checkpoint import CONFIG, STATE, Checkpointer, restore_params_only
+from jaxencoder.io.paths import as_path
+from jaxencoder.layout import loop_to_scan, scan_to_loop
+
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+MLM_HEAD = "mlm_head"
+Params = Any
+
+
+class RunDir:
+  """A run directory (local or gs://). `RunDir(path)` for writing, `RunDir.open(path)`
+  for reading an existing one (path = workdir or workdir/checkpoints)."""
+
+  def __init__(self, path: epath.PathLike):
+    self.path = as_path(path)
+
+  @classmethod
+  def open(cls, path: epath.PathLike) -> "RunDir":
+    """An existing run: raises FileNotFoundError naming `path` if it holds no checkpoint."""
+    path = as_path(path)
+    if path.name == CHECKPOINTS and not (path / CHECKPOINTS).exists():
+      path = path.parent
+    run = cls(path)
+    if run.latest_step() is None:
+      raise FileNotFoundError(f"{path}: no checkpoint here (expected {path / CHECKPOINTS}/<step>/, "
+                              "written by train.py or `jaxencoder-convert`)")
+    return run
+
+  @property
+  def checkpoint_dir(self) -> epath.Path:
+    return self.path / CHECKPOINTS
+
+  @property
+  def metrics_file(self) -> epath.Path:
+    return self.path / METRICS
+
+  @property
+  def tensorboard_dir(self) -> epath.Path:
+    return self.path / TENSORBOARD
+
+  def checkpointer(self, **options) -> Checkpointer:
+    """The orbax Checkpointer of `checkpoints/` (options as Checkpointer takes them)."""
+    return Checkpointer(self.checkpoint_dir, **options)
+
+  def steps(self) -> list[int]:
+    """Saved steps, oldest first (finished ones only, as orbax lists them)."""
+    if not self.checkpoint_dir.exists():
+      return []
+    manager = _reader(self.checkpoint_dir, {})
+    try:
+      return sorted(manager.all_steps())
+    finally:
+      manager.close()
+
+  def latest_step(self) -> int | None:
+    found = self.steps()
+    return found[-1] if found else None
+
+  def _step(self, step: int | None) -> int:
+    found = self.steps()
+    if not found:
+      raise FileNotFoundError(f"{self.path}: no checkpoint in {self.checkpoint_dir}")
+    if step is None:
+      return found[-1]
+    if step not in found:
+      raise FileNotFoundError(f"{self.checkpoint_dir}: no step {step}; steps: {found}")
+    return step
+
+  # -- what a checkpoint holds
+  def read_config(self, step: int | None = None) -> dict[str, Any]:
+    """The JSON config saved with `step` (default: latest); {} if none was saved."""
+    step = self._step(step)
+    manager = _reader(self.checkpoint_dir, {CONFIG: ocp.JsonCheckpointHandler()})
+    try:
+      if CONFIG not in (manager.metadata(step).item_handlers or {}):
+        return {}
+      restored = manager.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()}))
+    finally:
+      manager.close()
+    return dict(restored[CONFIG] or {})
+
+  def model_config(self, step: int | None = None) -> EncoderConfig:
+    """The EncoderConfig stored with the checkpoint (its config's `model` section)."""
+    model = self.read_config(step).get("model")
+    if not model:
+      raise ValueError(f"{self.checkpoint_dir}: step {self._step(step)} has no config with a "
+                       "'model' section")
+    return EncoderConfig.from_dict(model)
+
+  def param_names(self, step: int | None = None) -> set[str]:
+    """Top-level names under the saved state's params (e.g. {'encoder', 'mlm_head'})."""
+    step = self._step(step)
+    manager = _reader(self.checkpoint_dir, {STATE: ocp.PyTreeCheckpointHandler()})
+    try:
+      tree = manager.item_metadata(step)[STATE].tree
+    finally:
+      manager.close()
+    return set(tree.get("params", {}))
+
+  def restore_encoder(self, abstract: Params | None = None, *, step: int | None = None,
+                      scan_layers: bool | None = None) -> Params:
+    """The Encoder params of `step` (default: latest).
+
+    `abstract`: target ShapeDtypeStructs with shardings (e.g. a train state's encoder
+    subtree, in either stack layout); default: the stored model's params on one
+    device. The saved layout (loop or scan) is converted to the target's, and a
+    param whose shape differs raises naming it and both shapes.
+    """
+    stored = self.model_config(step)
+    target_scanned = _is_scanned(abstract) if abstract is not None else (
+        stored.scan_layers if scan_layers is None else scan_layers)
+    saved = abstract_params(stored)[ENCODER]
+    if abstract is not None and target_scanned == stored.scan_layers:
+      saved = abstract  # restore straight into the caller's shardings
+    params = restore_params_only(self.checkpoint_dir, saved, step=self._step(step))
+    if target_scanned != stored.scan_layers:
+      params = loop_to_scan(params) if target_scanned else scan_to_loop(params)
+      if abstract is not None:
+        params = jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), params, abstract)
+    return params
+
+  def restore_params(self, step: int | None = None) -> tuple[EncoderConfig, Params]:
+    """(cfg, params): Encoder params, or {"encoder", "mlm_head"} when the MLM head was saved."""
+    cfg = self.model_config(step)
+    encoder = self.restore_encoder(step=step)
+    if MLM_HEAD not in self.param_names(step):
+      return cfg, encoder
+    head = restore_params_only(self.checkpoint_dir, abstract_params(cfg)[MLM_HEAD],
+                               subtree=("params", MLM_HEAD), step=self._step(step))
+    return cfg, {ENCODER: encoder, MLM_HEAD: head}
+
+  def tokenizer_path(self) -> epath.Path | str | None:
+    """The run's tokenizer: files in the run directory, else the stored data.tokenizer."""
+    if any((self.path / name).exists() for name in TOKENIZER_FILES):
+      return self.path
+    return (self.read_config().get("data") or {}).get("tokenizer") or None
+
+  def read_metrics(self) -> list[dict[str, Any]]:
+    return read_metrics(self.path)
+
+  # -- creating one
+  def write_encoder(self, cfg: EncoderConfig, params: Params, tokenizer=None) -> "RunDir":
+    """Saves params (Encoder or {"encoder", "mlm_head"}) and cfg as step 0, plus the
+    tokenizer files: what `init_from` and probing read. Refuses a non-empty checkpoints/."""
+    if self.checkpoint_dir.exists() and any(self.checkpoint_dir.iterdir()):
+      raise FileExistsError(f"{self.checkpoint_dir}: not empty; choose a new directory")
+    params = nn.meta.unbox(params)
+    state = {"params": params if ENCODER in params else {ENCODER: params}}
+    with self.checkpointer(save_interval_steps=1, max_to_keep=None, async_save=False) as ckpt:
+      ckpt.save(0, state, config={"model": cfg.to_dict()}, force=True)
+      ckpt.wait()
+    if tokenizer is not None:
+      tokenizer.save(self.path)
+    return self
+
+
+def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
+  """The rows of WORKDIR/metrics.jsonl ([] if there is none)."""
+  path = as_path(workdir) / METRICS
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def abstract_params(cfg: EncoderConfig) -> Params:
+  """ShapeDtypeStructs (on the first device) of EncoderForMaskedLM's params:
+  {"encoder": ..., "mlm_head": ...}, unboxed."""
+  ids_BxL = jnp.zeros((1, 8), jnp.int32)
+  shapes = jax.eval_shape(EncoderForMaskedLM(cfg).init, jax.random.key(0), ids_BxL)["params"]
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                      nn.meta.unbox(shapes))
+
+
+def _is_scanned(params: Params) -> bool:
+  paths = [p for p, _ in jax.tree_util.tree_leaves_with_path(params)]
+  return any(in_scanned_stack(p) for p in paths)
+
+
+def _reader(directory: epath.Path, handlers: Mapping[str, Any]) -> ocp.CheckpointManager:
+  return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
+                               item_handlers=dict(handlers))

@@ -1,0 +1,67 @@
+"""Trains an encoder: jaxencoder-train --config configs/NAME.py --workdir DIR [--config.key=value ...]
+
+(the same: `python train.py ...` or `python -m jaxencoder.train ...`). The workdir may
+be local or gs://bucket/path; rerunning with the same workdir resumes from its latest
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import pathlib
+import sys
+
+
+def load_config(path: str):
+  """Runs `get_config()` of a config file."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    raise SystemExit(f"no config file {path}")
+  spec = importlib.util.spec_from_file_location(f"config_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(prog="jaxencoder-train", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", required=True, help="a configs/*.py file")
+  parser.add_argument("--workdir", required=True, help="checkpoints, metrics, TensorBoard")
+  group = parser.add_argument_group(
+      "multi-process", "one process per host (or GPU); auto-detected on Cloud TPU and SLURM")
+  group.add_argument("--coordinator_address", help="host:port of process 0")
+  group.add_argument("--num_processes", type=int)
+  group.add_argument("--process_id", type=int)
+  args, rest = parser.parse_known_args(argv)
+  overrides = []
+  for item in rest:
+    if not item.startswith("--config."):
+      parser.error(f"unrecognised argument {item!r} (overrides look like --config.key=value)")
+    overrides.append(item[len("--config."):])
+  return args, overrides
+
+
+def main(argv=None) -> None:
+  logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+  logging.getLogger("jaxencoder").setLevel(logging.INFO)
+  args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  from jaxencoder.train import distributed
+  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+  from jaxencoder.train.config import apply_overrides
+  config = load_config(args.config)
+  try:
+    apply_overrides(config, overrides)
+  except (KeyError, ValueError, TypeError) as e:
+    raise SystemExit(f"error: {e}")
+  import jax
+  from jaxencoder.train.loop import train_and_evaluate
+  metrics = train_and_evaluate(config, args.workdir)
+  if jax.process_index() == 0:
+    print("final eval:", " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+
+
+if __name__ == "__main__":
+  main()
