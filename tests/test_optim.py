@@ -202,6 +202,15 @@ def test_layer_decay_scales_the_applied_updates(params):
   assert np.abs(by_path(decayed)[emb]).max() < 0.07 * np.abs(by_path(plain)[emb]).max()
 
 
+@pytest.mark.parametrize("option", [dict(layer_decay=0.5), dict(freeze_layers=1)])
+def test_layer_rules_on_a_tree_without_layers_raise_instead_of_going_flat(loop_params, option):
+  renamed = {"encoder": {k.replace("layers_", "block_"): v
+                         for k, v in loop_params["encoder"].items()}}
+  with pytest.raises(ValueError, match=r"no parameter path has a looped.*top-level names: "
+                                       r"\['encoder'\]"):
+    make_optimizer(config(**option), renamed, num_layers=N)
+
+
 def test_regex_multipliers_first_match_wins_and_compose_with_layer_decay(loop_params):
   rules = [("ffn/wi", 3.0), ("ffn", 2.0), ("mlm_head", 10.0)]
   cfg = config(layer_decay=0.5, lr_multipliers=rules)

@@ -47,7 +47,7 @@ def load_pretrained(hf_dir, tokenizer_path: str | None = None):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(prog="python -m jaxencoder.probing", description=__doc__,
+  p = argparse.ArgumentParser(prog="jaxencoder-probe", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   source = p.add_mutually_exclusive_group(required=True)
   source.add_argument("--checkpoint", help="a train.py workdir (or its checkpoints/ dir)")
