@@ -20,6 +20,7 @@ from jaxencoder.train import steps
 from jaxencoder.io.checkpoint import Checkpointer
 from jaxencoder.train.loop import NonFiniteLossError, build_task, setup, train_and_evaluate
 from jaxencoder.train.optim import make_optimizer
+from jaxencoder.train.stop import EXIT_PREEMPTED
 from jaxencoder.train.pipelines import make_pipelines
 from jaxencoder.train.metrics import read_metrics
 from jaxencoder.train.config import (adopt_init_from_model, apply_overrides, base_config,
@@ -246,11 +247,16 @@ import sys
 sys.path.insert(0, {tests!r})
 import train_helpers as th, pathlib
 from jaxencoder.train.loop import train_and_evaluate
+from jaxencoder.train.stop import EXIT_PREEMPTED, Preempted
 root = pathlib.Path({root!r})
 config = th.tiny_config(root, {source!r}, pathlib.Path({vocab!r}))
 config.num_train_steps, config.checkpoint_every, config.eval_every = {steps}, 5, 1000
 config.log_every = 1
-train_and_evaluate(config, {workdir!r})
+try:
+  train_and_evaluate(config, {workdir!r})
+except Preempted as e:
+  print(e)
+  sys.exit(EXIT_PREEMPTED)
 """
 
 
@@ -302,7 +308,7 @@ def test_sigterm_saves_before_exit(corpus, tmp_path):
   try:
     _wait_for_checkpoint(tmp_path, 5, proc)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0
+    assert proc.wait(timeout=120) == EXIT_PREEMPTED
   finally:
     if proc.poll() is None:
       proc.kill()

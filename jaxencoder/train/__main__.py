@@ -2,7 +2,8 @@
 
 (the same: `python train.py ...` or `python -m jaxencoder.train ...`). The workdir may
 be local or gs://bucket/path; rerunning with the same workdir resumes from its latest
-checkpoint.
+checkpoint. SIGTERM / Ctrl-C save the latest finished step and exit with code 75
+(EX_TEMPFAIL), which job schedulers can requeue on.
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ def main(argv=None) -> None:
     raise SystemExit(f"error: {e}")
   import jax
   from jaxencoder.train.loop import train_and_evaluate
-  metrics = train_and_evaluate(config, args.workdir)
+  from jaxencoder.train.stop import EXIT_PREEMPTED, Preempted
+  try:
+    metrics = train_and_evaluate(config, args.workdir)
+  except Preempted as e:
+    print(e, file=sys.stderr)
+    sys.exit(EXIT_PREEMPTED)
   if jax.process_index() == 0:
     print("final eval:", " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
 

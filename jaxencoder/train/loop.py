@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 import time
 from typing import Any
 
@@ -29,6 +28,7 @@ from jaxencoder.train.metrics import MetricWriter, throughput
 from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.parallel import make_stepper
 from jaxencoder.train.pipelines import Pipelines, make_pipelines
+from jaxencoder.train.stop import Preempted, StopSignals
 from jaxencoder.train.tasks import Task, make_task, summarize
 from jaxencoder.train.config import encoder_config, finalize
 
@@ -145,11 +145,13 @@ def load_encoder(state: steps.TrainState, init_from: str, shardings) -> steps.Tr
   return state.replace(params={**state.params, ENCODER: encoder})
 
 
-def evaluate(run: Run, eval_step) -> dict[str, float]:
-  """Deterministic metrics over the whole eval split."""
+def evaluate(run: Run, eval_step, signals: StopSignals | None = None) -> dict[str, float] | None:
+  """Deterministic metrics over the whole eval split; None if a stop signal cut it short."""
   totals = None
   with steps.mesh_context(run.mesh, run.rules):
     for batch in run.pipelines.make_eval():
+      if signals is not None and signals.requested():
+        return None
       sums = eval_step(run.state.params, sharding_lib.put_batch(batch, run.mesh))
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   if totals is None:
@@ -164,20 +166,6 @@ def check_finite(state: steps.TrainState) -> None:
                              "stopped without saving that state")
 
 
-class _Preemption:
-  """Records SIGTERM so the loop saves and exits at the next step boundary."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    self.requested = True
-
-  def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
-
-
 def save(run: Run, eval_metrics: dict[str, float] | None, *, force: bool = False) -> None:
   check_finite(run.state)
   step = int(run.state.step)
@@ -188,20 +176,28 @@ def save(run: Run, eval_metrics: dict[str, float] | None, *, force: bool = False
 
 def train_and_evaluate(config: ml_collections.ConfigDict,
                        workdir) -> dict[str, float]:
-  """Trains per `config` in `workdir` (resuming if it holds checkpoints); final eval metrics."""
+  """Trains per `config` in `workdir` (resuming if it holds checkpoints); final eval metrics.
+
+  SIGTERM / SIGINT save the latest finished step and raise `Preempted` (see train/stop.py).
+  """
   config = finalize(ml_collections.ConfigDict(config.to_dict()))
-  run = setup(config, workdir)
-  preemption = _Preemption()
-  try:
-    return _train(run, preemption)
-  finally:
-    preemption.restore()
-    run.checkpointer.wait()
-    run.checkpointer.close()
-    run.writer.close()
+  with StopSignals() as signals:
+    run = setup(config, workdir)
+    try:
+      return _train(run, signals)
+    finally:
+      run.checkpointer.wait()
+      run.checkpointer.close()
+      run.writer.close()
 
 
-def _train(run: Run, preemption: _Preemption) -> dict[str, float]:
+def _stop(run: Run, signals: StopSignals) -> Preempted:
+  """Waits for pending saves; the exception that names the durable step."""
+  run.checkpointer.wait()
+  return Preempted(signals.received, run.checkpointer.latest_step(), run.checkpointer.directory)
+
+
+def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   config = run.config
   stepper = make_stepper(config.parallelism, run.task, run.tx, jax.random.key(config.seed + 1),
                          run.shardings, run.mesh, run.rules, run.state, peek(run.train_iter))
@@ -218,28 +214,39 @@ def _train(run: Run, preemption: _Preemption) -> dict[str, float]:
     window.append(sums)
     bar.update(1)
     done = step + 1
+    stop = signals.should_stop(done)
     at_end = done == config.num_train_steps
     log_now = done % config.log_every == 0 or at_end
-    eval_now = done % config.eval_every == 0 or at_end
-    save_now = done % config.checkpoint_every == 0 or at_end or preemption.requested
+    eval_now = (done % config.eval_every == 0 or at_end) and not stop
+    save_now = done % config.checkpoint_every == 0 or at_end or stop
     if log_now or eval_now or save_now:
       run.state = stepper.canonical(state)
     if log_now:
       tick = _log_train(run, window, done, tick, host_batch, stepper.flops, bar)
       window = []
     if eval_now:
-      eval_metrics = evaluate(run, eval_step)
-      run.writer.write(done, "eval", eval_metrics)
-      log.info("step %d eval %s", done, _fmt(eval_metrics))
+      eval_metrics = evaluate(run, eval_step, signals)
+      if eval_metrics is None:  # a signal during eval: save this step without its metrics
+        stop = save_now = True
+        run.state = stepper.canonical(state)
+      else:
+        run.writer.write(done, "eval", eval_metrics)
+        log.info("step %d eval %s", done, _fmt(eval_metrics))
     if save_now:
-      save(run, eval_metrics if eval_now else None, force=at_end or preemption.requested)
-    if preemption.requested:
-      log.warning("SIGTERM: saved step %d, exiting", done)
-      break
+      save(run, eval_metrics if eval_now and not stop else None, force=at_end or stop)
+    if stop or signals.requested():
+      if not save_now:  # a signal during logging or saving: save this step too
+        run.state = stepper.canonical(state)
+        save(run, None, force=True)
+      raise _stop(run, signals)
   bar.close()
   check_finite(run.state)
+  if signals.should_stop(int(run.state.step)):
+    raise _stop(run, signals)
   if not eval_metrics:  # e.g. rerun of a finished run: report the final state
-    eval_metrics = evaluate(run, eval_step)
+    eval_metrics = evaluate(run, eval_step, signals)
+    if eval_metrics is None:
+      raise _stop(run, signals)
   return eval_metrics
 
 

@@ -1,0 +1,70 @@
+"""Stopping on a signal without losing the run (Cloud TPU preemption, SLURM, Ctrl-C).
+
+SIGTERM or SIGINT only sets a flag; the loop checks it between steps and inside
+eval, saves the latest finished step, waits for every save to be durable and
+raises `Preempted`. train.py turns that into exit code `EXIT_PREEMPTED` (75,
+EX_TEMPFAIL: "try again"), which job schedulers can requeue on; rerunning the same
+command resumes from that step. A second Ctrl-C interrupts at once.
+
+With several processes every one must stop at the same step: JAX's preemption
+service (started by jax.distributed) catches SIGTERM on any host and agrees on a
+step, which `should_stop(step)` reports on all of them.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import jax
+from jax.experimental import multihost_utils
+
+EXIT_PREEMPTED = 75
+
+
+class Preempted(Exception):
+  """Training stopped on a signal after `step` was saved durably in `directory`."""
+
+  def __init__(self, signal_name: str, step: int | None, directory):
+    self.signal_name, self.step, self.directory = signal_name, step, directory
+    where = (f"step {step} is saved in {directory}" if step is not None
+             else f"no step was finished, nothing new to save in {directory}")
+    super().__init__(f"{signal_name}: stopped; {where}; rerun the same command to resume")
+
+
+class StopSignals:
+  """Records SIGTERM / SIGINT while installed (a context manager)."""
+
+  def __init__(self):
+    self.received: str | None = None
+    self._previous = {}
+
+  def __enter__(self) -> "StopSignals":
+    # With several processes JAX's preemption service owns SIGTERM (see should_stop), and
+    # Ctrl-C interrupts as usual: the run resumes from its last checkpoint.
+    wanted = [signal.SIGINT, signal.SIGTERM] if jax.process_count() == 1 else []
+    for signum in wanted:
+      self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+
+  def _handle(self, signum, frame) -> None:
+    if self.received == "SIGINT" and signum == signal.SIGINT:
+      raise KeyboardInterrupt  # a second Ctrl-C: stop now
+    self.received = signal.Signals(signum).name
+
+  def requested(self) -> bool:
+    """A signal arrived (single process: lets eval stop early; with several processes
+    eval is collective and runs to its end)."""
+    return self.received is not None and jax.process_count() == 1
+
+  def should_stop(self, step: int) -> bool:
+    """Whether to save and stop after `step`; the same answer on every process."""
+    if jax.process_count() == 1:
+      return self.requested()
+    if multihost_utils.reached_preemption_sync_point(step):
+      self.received = self.received or "SIGTERM"
+      return True
+    return False

@@ -1,0 +1,155 @@
+"""Fault injection: a run stopped or damaged at any point loses nothing past its last
+durable checkpoint, says so truthfully, and exits with a code a scheduler can act on."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import train_helpers as th
+from jaxencoder.io.run_dir import RunDir, read_metrics
+from jaxencoder.train import loop
+from jaxencoder.train.stop import EXIT_PREEMPTED, Preempted
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+STOP_AT = 4  # the step whose phase receives the signal
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  root = tmp_path_factory.mktemp("data")
+  return root, th.text_corpus(root), th.write_vocab(root)
+
+
+def long_config(corpus, steps=200):
+  root, source, vocab = corpus
+  config = th.tiny_config(root, source, vocab)
+  config.num_train_steps, config.log_every, config.eval_every = steps, 2, STOP_AT
+  config.checkpoint_every = 1000  # no interval save before the signal
+  return config
+
+
+def signal_self(signum=signal.SIGTERM):
+  os.kill(os.getpid(), signum)
+
+
+def after(fn, when):
+  """fn, sending SIGTERM to this process once `when(args)` holds (after fn ran)."""
+  sent = []
+  def wrapped(*args, **kwargs):
+    out = fn(*args, **kwargs)
+    if not sent and when(*args, **kwargs):
+      sent.append(True)
+      signal_self()
+    return out
+  return wrapped
+
+
+def before(fn, when, signum=signal.SIGTERM):
+  """fn, sending `signum` to this process once, before the call where `when(args)` holds."""
+  sent = []
+  def wrapped(*args, **kwargs):
+    if not sent and when(*args, **kwargs):
+      sent.append(True)
+      signal_self(signum)
+    return fn(*args, **kwargs)
+  return wrapped
+
+
+class SignallingIterator:
+  """A data iterator that receives SIGTERM while producing batch `at` (1-based)."""
+
+  def __init__(self, inner, at):
+    self.inner, self.at, self.count = inner, at, 0
+
+  def __next__(self):
+    self.count += 1
+    if self.count == self.at:
+      signal_self()
+    return next(self.inner)
+
+  def __iter__(self):
+    return self
+
+  def get_state(self):
+    return self.inner.get_state()
+
+  def set_state(self, state):
+    self.inner.set_state(state)
+
+
+def inject(monkeypatch, phase):
+  at_step = lambda run, *a, **k: int(run.state.step) == STOP_AT
+  if phase == "eval":
+    monkeypatch.setattr(loop, "evaluate", before(loop.evaluate, at_step))
+  elif phase == "logging":
+    monkeypatch.setattr(loop, "_log_train", after(loop._log_train, lambda run, w, done, *a: done == STOP_AT))
+  elif phase == "async save in flight":
+    monkeypatch.setattr(loop, "save", after(loop.save, at_step))
+  elif phase == "data loading":
+    setup = loop.setup
+    def signalling_setup(*args, **kwargs):
+      run = setup(*args, **kwargs)
+      run.train_iter = SignallingIterator(run.train_iter, STOP_AT + 1)  # +1: the loop peeks once
+      return run
+    monkeypatch.setattr(loop, "setup", signalling_setup)
+
+
+@pytest.mark.parametrize("phase", ["data loading", "logging", "eval", "async save in flight"])
+def test_sigterm_in_any_phase_saves_the_finished_step_and_resumes(corpus, tmp_path, monkeypatch,
+                                                                  phase):
+  inject(monkeypatch, phase)
+  config = long_config(corpus)
+  if phase == "async save in flight":
+    config.checkpoint_every = STOP_AT
+  with pytest.raises(Preempted) as stopped:
+    loop.train_and_evaluate(config, tmp_path)
+  monkeypatch.undo()
+  durable = STOP_AT
+  assert stopped.value.step == durable and stopped.value.signal_name == "SIGTERM"
+  assert f"step {durable} is saved in" in str(stopped.value)
+  assert RunDir.open(tmp_path).latest_step() == durable  # durable: the message is true
+  # Resuming continues from that step: no step is trained or logged twice.
+  loop.train_and_evaluate(long_config(corpus, steps=durable + 3), tmp_path)
+  train_steps = [r["step"] for r in read_metrics(tmp_path) if r["split"] == "train"]
+  assert train_steps == sorted(set(train_steps)) and train_steps[-1] == durable + 3
+
+
+def test_sigint_also_stops_with_a_checkpoint(corpus, tmp_path, monkeypatch):
+  at_step = lambda run, *a, **k: int(run.state.step) == STOP_AT
+  monkeypatch.setattr(loop, "evaluate", before(loop.evaluate, at_step, signal.SIGINT))
+  with pytest.raises(Preempted) as stopped:
+    loop.train_and_evaluate(long_config(corpus), tmp_path)
+  assert stopped.value.signal_name == "SIGINT" and stopped.value.step == STOP_AT
+
+
+def test_train_py_sigterm_after_a_log_line_exits_75_with_the_saved_step(corpus, tmp_path):
+  """The reported case: eval every 10 steps, checkpoints every 1000, SIGTERM right after
+  the step-10 train log line."""
+  root, source, vocab = corpus
+  overrides = {"data.source": source, "data.data_dir": root, "data.tokenizer": vocab,
+               "data.seq_len": 16, "model.num_layers": 1, "model.emb_dim": 32,
+               "model.num_heads": 4, "model.mlp_dim": 64, "model.max_len": 32,
+               "model.vocab_size": len(th.VOCAB), "num_train_steps": 100_000, "batch_size": 8,
+               "eval_batch_size": 8, "log_every": 10, "eval_every": 10,
+               "checkpoint_every": 1000, "progress_bar": "false"}
+  command = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs/mlm_tiny.py"),
+             "--workdir", str(tmp_path / "run")] + [f"--config.{k}={v}" for k, v in overrides.items()]
+  proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+  lines = []
+  try:
+    for line in proc.stderr:
+      lines.append(line)
+      if "step 10 train" in line:
+        proc.send_signal(signal.SIGTERM)
+        break
+    rest = proc.communicate(timeout=180)[1]
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == EXIT_PREEMPTED, "".join(lines)[-3000:] + rest[-3000:]
+  saved = RunDir.open(tmp_path / "run").latest_step()
+  assert saved >= 10 and f"step {saved} is saved in" in rest
