@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import train_helpers as th
+from jaxencoder.io.checkpoint import CheckpointError
 from jaxencoder.io.run_dir import RunDir, read_metrics
 from jaxencoder.train import loop
 from jaxencoder.train.stop import EXIT_PREEMPTED, Preempted
@@ -153,3 +154,76 @@ def test_train_py_sigterm_after_a_log_line_exits_75_with_the_saved_step(corpus, 
   assert proc.returncode == EXIT_PREEMPTED, "".join(lines)[-3000:] + rest[-3000:]
   saved = RunDir.open(tmp_path / "run").latest_step()
   assert saved >= 10 and f"step {saved} is saved in" in rest
+
+
+# Damaged checkpoints.
+
+def short_config(corpus, steps=6):
+  root, source, vocab = corpus
+  config = th.tiny_config(root, source, vocab)
+  config.num_train_steps, config.checkpoint_every, config.eval_every = steps, 2, steps
+  config.keep_checkpoints = 10
+  return config
+
+
+def largest_array_file(step_dir: pathlib.Path) -> pathlib.Path:
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and "/d/" in str(p)]
+  return max(files, key=lambda p: p.stat().st_size)
+
+
+DAMAGE = {
+    "truncated array file": lambda d: largest_array_file(d).write_bytes(
+        largest_array_file(d).read_bytes()[:16]),
+    "overwritten array file": lambda d: largest_array_file(d).write_bytes(
+        b"\0" * largest_array_file(d).stat().st_size),
+    "state/ removed": lambda d: __import__("shutil").rmtree(d / "state"),
+    "empty step directory": lambda d: [__import__("shutil").rmtree(p) if p.is_dir() else p.unlink()
+                                       for p in list(d.iterdir())],
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_step(corpus, tmp_path, damage,
+                                                                     caplog):
+  loop.train_and_evaluate(short_config(corpus, steps=4), tmp_path)  # saves steps 2 and 4
+  DAMAGE[damage](tmp_path / "checkpoints" / "4")
+  with caplog.at_level("INFO", logger="jaxencoder"):
+    loop.train_and_evaluate(short_config(corpus, steps=6), tmp_path)
+  warnings = [r.getMessage() for r in caplog.records if "cannot be restored" in r.getMessage()]
+  assert len(warnings) == 1 and warnings[0].startswith("checkpoint step 4 in")
+  assert any("resumed from step 2" in r.getMessage() for r in caplog.records)
+  run = RunDir.open(tmp_path)
+  assert run.steps()[-1] == 6 and (tmp_path / "checkpoints" / "4.unrestorable").is_dir()
+  train_steps = [r["step"] for r in read_metrics(tmp_path) if r["split"] == "train"]
+  assert train_steps == list(range(1, 7))  # steps 3, 4 retrained and logged once
+
+
+def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(corpus, tmp_path):
+  loop.train_and_evaluate(short_config(corpus, steps=4), tmp_path)
+  for step in (2, 4):
+    DAMAGE["state/ removed"](tmp_path / "checkpoints" / str(step))
+  with pytest.raises(CheckpointError, match=r"no restorable checkpoint in .*step 4: .*step 2: "):
+    loop.train_and_evaluate(short_config(corpus, steps=6), tmp_path)
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2", "4"]
+
+
+# Config changes on resume.
+
+def test_resuming_with_another_model_names_the_fields(corpus, tmp_path):
+  loop.train_and_evaluate(short_config(corpus, steps=2), tmp_path)
+  changed = short_config(corpus, steps=4)
+  changed.model.num_heads, changed.optim.name = 2, "lion"
+  with pytest.raises(loop.ConfigChangedError,
+                     match=r"model.num_heads: 4 -> 2; optim.name: 'adamw' -> 'lion'\. Use a new"):
+    loop.train_and_evaluate(changed, tmp_path)
+
+
+def test_resuming_with_a_longer_schedule_warns_and_continues(corpus, tmp_path, caplog):
+  loop.train_and_evaluate(short_config(corpus, steps=2), tmp_path)
+  longer = short_config(corpus, steps=4)
+  longer.optim.learning_rate = 1e-3
+  with caplog.at_level("WARNING", logger="jaxencoder"):
+    loop.train_and_evaluate(longer, tmp_path)
+  message = next(r.getMessage() for r in caplog.records if "changed settings" in r.getMessage())
+  assert "num_train_steps: 2 -> 4" in message and "optim.learning_rate: 0.003 -> 0.001" in message
+  assert RunDir.open(tmp_path).latest_step() == 4

@@ -16,6 +16,7 @@ Retention keeps the latest `max_to_keep` steps plus the best `keep_best` by
 `best_metric`; orbax deletes the rest after each save.
 """
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from jaxencoder.encoder import ENCODER
 from jaxencoder.io.paths import as_path
 
 PyTree = Any
+log = logging.getLogger("jaxencoder")
 STATE, DATA, CONFIG = "state", "data", "config"
 
 
@@ -105,6 +107,37 @@ class Checkpointer:
     restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     return restored[STATE], restored.get(DATA), restored.get(CONFIG)
 
+  def restore_newest(self, *, abstract_state: PyTree, with_data: bool = True
+                     ) -> tuple[int, PyTree, dict | None, dict | None]:
+    """(step, state, data_state, config) of the newest step that restores.
+
+    A damaged step (truncated or missing files, an empty step directory) gets one
+    warning naming it and why, and the next older step is tried; once one restores,
+    the damaged newer ones are renamed `<step>.unrestorable` so their step numbers can
+    be saved again. If none restores, nothing is renamed and the error lists each step.
+    """
+    failures = []
+    for step in reversed(self.all_steps()):
+      try:
+        restored = self.restore(step, abstract_state=abstract_state, with_data=with_data)
+      except Exception as e:  # orbax / tensorstore raise many types for damaged files
+        failures.append((step, _first_line(e)))
+        log.warning("checkpoint step %d in %s cannot be restored (%s); trying an older step",
+                    step, self.directory, failures[-1][1])
+        continue
+      for bad, _ in failures:
+        self._set_aside(bad)
+      return (step, *restored)
+    raise CheckpointError(f"no restorable checkpoint in {self.directory}: " +
+                          "; ".join(f"step {s}: {why}" for s, why in failures))
+
+  def _set_aside(self, step: int) -> None:
+    """Renames a damaged step directory out of orbax's way (kept for inspection)."""
+    path = self.directory / str(step)
+    if path.exists():
+      path.rename(self.directory / f"{step}.unrestorable")
+    self._manager.reload()
+
   def _existing_step(self, step: int | None) -> int:
     steps = self.all_steps()
     if not steps:
@@ -138,6 +171,15 @@ class Checkpointer:
 
   def __exit__(self, *exc_info) -> None:
     self.close()
+
+
+class CheckpointError(RuntimeError):
+  """No checkpoint of a run directory can be restored."""
+
+
+def _first_line(error: Exception, limit: int = 300) -> str:
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0][:limit] if text else ''}"
 
 
 def _metric_getter(name: str):

@@ -172,6 +172,15 @@ class RunDir:
   def read_metrics(self) -> list[dict[str, Any]]:
     return read_metrics(self.path)
 
+  def drop_metrics_after(self, step: int) -> int:
+    """Removes metrics rows past `step` (written after the checkpoint a run resumes
+    from), so each (step, split) appears once; returns how many were dropped."""
+    rows = self.read_metrics()
+    kept = [r for r in rows if r.get("step", 0) <= step]
+    if len(kept) < len(rows):
+      self.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return len(rows) - len(kept)
+
   # -- creating one
   def write_encoder(self, cfg: EncoderConfig, params: Params, tokenizer=None) -> "RunDir":
     """Saves params (Encoder or {"encoder", "mlm_head"}) and cfg as step 0, plus the

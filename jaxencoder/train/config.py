@@ -84,6 +84,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.logical_axis_rules = [(name, axes) for name, axes in DEFAULT_RULES]
   c.init_from = ""  # a run / converted checkpoint dir: its encoder params and architecture
   c.model_overrides = ()  # model fields kept over init_from's (command-line model.* added)
+  c.allow_config_change = False  # resume even if the model / optimizer / data config changed
   c.parallelism = "jit"  # jit (default, any mesh) | pmap (compatibility: data parallel only)
   c.progress_bar = True
   return c
@@ -171,3 +172,41 @@ def adopt_init_from_model(config: ml_collections.ConfigDict) -> list[str]:
   if changes:
     log.info("init_from=%s: taking the checkpoint's %s", config.init_from, "; ".join(changes))
   return changes
+
+
+# Keys that may change when a run resumes (with a warning): how long and how fast it
+# trains, how often it logs and saves, how it runs. Any other change (the model, the
+# optimizer's structure, the task, the data) makes the saved state meaningless or
+# unloadable, and is an error unless `allow_config_change` is set.
+RESUMABLE_CHANGES = (
+    "num_train_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
+    "best_metric", "eval_batch_size", "progress_bar", "mesh_shape", "logical_axis_rules",
+    "parallelism", "init_from", "model_overrides", "allow_config_change", "data.num_threads",
+    "optim.learning_rate", "optim.warmup_steps", "optim.total_steps", "optim.schedule",
+    "optim.end_lr_factor", "optim.weight_decay", "optim.grad_clip_norm",
+    "model.dropout_rate", "model.attention_dropout_rate", "model.mlp_dropout_rate",
+    "model.remat_policy", "model.attention_impl", "model.dtype")
+
+
+def config_changes(saved: dict, current: ml_collections.ConfigDict
+                   ) -> tuple[list[str], list[str]]:
+  """(allowed, structural) differences between a run's saved config and `current`,
+  as 'key: saved -> current' lines."""
+  from jaxencoder.io.checkpoint import to_json  # plain JSON on both sides
+  old, new = _flatten(to_json(saved)), _flatten(to_json(current))
+  allowed, structural = [], []
+  for key in sorted(old.keys() | new.keys()):
+    if old.get(key, "<unset>") != new.get(key, "<unset>"):
+      line = f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
+      (allowed if key in RESUMABLE_CHANGES else structural).append(line)
+  return allowed, structural
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat

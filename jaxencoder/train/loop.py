@@ -30,7 +30,7 @@ from jaxencoder.train.parallel import make_stepper
 from jaxencoder.train.pipelines import Pipelines, make_pipelines
 from jaxencoder.train.stop import Preempted, StopSignals
 from jaxencoder.train.tasks import Task, make_task, summarize
-from jaxencoder.train.config import encoder_config, finalize
+from jaxencoder.train.config import config_changes, encoder_config, finalize
 
 log = logging.getLogger("jaxencoder")
 
@@ -93,25 +93,59 @@ def setup(config: ml_collections.ConfigDict, workdir) -> Run:
       best_mode="min" if config.best_metric == "loss" else "max")
   run = Run(config, run_dir, task, pipelines, mesh, rules, tx, schedule,
             steps.state_shardings(task, tx, example, mesh, rules), checkpointer,
-            MetricWriter(run_dir.path, enabled=jax.process_index() == 0), train_iter=train_iter)
+            writer=None, train_iter=train_iter)
   run.state = restore_or_init(run, example)
+  if jax.process_index() == 0:  # metrics past the restored step were never made durable
+    run_dir.drop_metrics_after(int(run.state.step))
+  run.writer = MetricWriter(run_dir.path, enabled=jax.process_index() == 0)
   return run
 
 
 def restore_or_init(run: Run, example) -> steps.TrainState:
-  """The latest checkpoint (state + data position), else fresh params (+ init_from)."""
+  """The newest restorable checkpoint (state + data position), else fresh params
+  (+ init_from)."""
   config = run.config
   if run.checkpointer.latest_step() is not None:
+    check_config_unchanged(run)
     abstract = steps.abstract_state(run.task, run.tx, example, run.mesh, run.rules)
-    state, data_state, _ = run.checkpointer.restore(abstract_state=abstract)
-    restore_data_position(run.train_iter, data_state, int(state.step))
-    log.info("resumed from %s at step %d", run.checkpointer.directory, int(state.step))
+    step, state, data_state, _ = run.checkpointer.restore_newest(abstract_state=abstract)
+    restore_data_position(run.train_iter, data_state, step)
+    log.info("resumed from step %d (%s)", step, run.checkpointer.directory / str(step))
     return state
+  log.info("fresh run in %s", run.run_dir.path)
   state = steps.init_state(run.task, run.tx, example, jax.random.key(config.seed),
                            run.mesh, run.rules)
   if config.init_from:
     state = load_encoder(state, config.init_from, run.shardings)
   return state
+
+
+class ConfigChangedError(ValueError):
+  """Resuming with a model / optimizer / data config other than the run's saved one."""
+
+
+def check_config_unchanged(run: Run) -> None:
+  """Compares the config saved with the latest checkpoint to this one: allowed changes
+  (schedule, length, logging) warn; structural ones raise naming each field."""
+  saved = None
+  for step in reversed(run.run_dir.steps()):  # the newest step whose config reads
+    try:
+      saved = run.run_dir.read_config(step)
+      break
+    except Exception:  # a damaged step: restore_newest reports it
+      continue
+  if not saved:
+    return
+  allowed, structural = config_changes(saved, run.config)
+  if allowed:
+    log.warning("resuming with changed settings: %s", "; ".join(allowed))
+  if structural and not run.config.allow_config_change:
+    raise ConfigChangedError(
+        f"{run.run_dir.path} was trained with another config: " + "; ".join(structural) +
+        ". Use a new --workdir, or --config.allow_config_change=true to resume anyway")
+  if structural:
+    log.warning("resuming despite config changes (allow_config_change): %s",
+                "; ".join(structural))
 
 
 def data_position(iterator) -> dict[str, Any]:
