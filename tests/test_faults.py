@@ -227,3 +227,41 @@ def test_resuming_with_a_longer_schedule_warns_and_continues(corpus, tmp_path, c
   message = next(r.getMessage() for r in caplog.records if "changed settings" in r.getMessage())
   assert "num_train_steps: 2 -> 4" in message and "optim.learning_rate: 0.003 -> 0.001" in message
   assert RunDir.open(tmp_path).latest_step() == 4
+
+
+# Bad input on the command line: one line on stderr, exit code 2, no traceback.
+
+def train_py(tmp_path, *args, config="configs/mlm_tiny.py"):
+  command = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / config)
+             if not pathlib.Path(config).is_absolute() else config,
+             "--workdir", str(tmp_path / "run"), *args]
+  return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config.log_every=0"], "error: log_every must be a positive integer, got 0"),
+    (["--config.checkpoint_every=0"], "error: checkpoint_every must be a positive integer"),
+    (["--config.batchsize=3"], "error: unknown config key 'batchsize'"),
+    (["--config.init_from=/nonexistent/run"], "error: /nonexistent/run: no checkpoint here"),
+])
+def test_bad_flags_print_one_line_and_exit_2(tmp_path, args, message):
+  result = train_py(tmp_path, *args)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_json_config_file_is_refused_by_name(tmp_path):
+  (tmp_path / "c.json").write_text("{}")
+  result = train_py(tmp_path, config=str(tmp_path / "c.json"))
+  assert result.returncode == 2 and "expected a Python config file" in result.stderr
+  assert "Traceback" not in result.stderr
+
+
+def test_a_run_shorter_than_its_warmup_trains_with_a_clipped_warmup(corpus, tmp_path, caplog):
+  config = short_config(corpus, steps=3)
+  config.optim.warmup_steps = 100
+  with caplog.at_level("WARNING", logger="jaxencoder"):
+    loop.train_and_evaluate(config, tmp_path)
+  assert any("warmup_steps=100 is not shorter than the 3-step schedule; using 0" in r.getMessage()
+             for r in caplog.records)
+  assert RunDir.open(tmp_path).latest_step() == 3

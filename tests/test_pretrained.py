@@ -217,6 +217,22 @@ def test_convert_writes_an_init_from_checkpoint_and_back(tmp_path, scan_layers):
   chex.assert_trees_all_equal(load(tmp_path / "hf2")[1], load(tmp_path / "hf")[1])
 
 
+def test_convert_refuses_a_non_empty_target_and_overwrite_replaces_all_of_it(tmp_path):
+  cfg, params = tiny_bert()
+  save(tmp_path / "hf", cfg, params)
+  convert(tmp_path / "hf", tmp_path / "run")
+  mean_cfg, mean_params = tiny_bert(pooling="mean", pooler_dense=False)
+  save(tmp_path / "old_hf", mean_cfg, mean_params)
+  assert (tmp_path / "old_hf" / "1_Pooling").is_dir()
+  with pytest.raises(FileExistsError, match=r"old_hf is not empty.*--overwrite"):
+    convert(tmp_path / "run", tmp_path / "old_hf")
+  assert load(tmp_path / "old_hf")[0].pooling == "mean"  # untouched
+  convert(tmp_path / "run", tmp_path / "old_hf", overwrite=True)
+  assert not (tmp_path / "old_hf" / "1_Pooling").exists()  # no stale pooling config
+  assert load(tmp_path / "old_hf")[0].pooling == "cls"
+  assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
+
+
 @needs_minilm
 def test_train_py_fine_tunes_a_converted_minilm_without_model_flags(tmp_path):
   """The README's path: convert, then train.py with init_from and no --config.model.*."""

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import shutil
+import sys
+import tempfile
 
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import hf_checkpoint
@@ -21,8 +24,30 @@ def is_hf_dir(path) -> bool:
   return (pathlib.Path(path) / hf_checkpoint.CONFIG).is_file()
 
 
-def convert(source, target, *, scan_layers: bool = False) -> str:
-  """Converts in the direction SRC's contents imply; returns a one-line summary."""
+def convert(source, target, *, scan_layers: bool = False, overwrite: bool = False) -> str:
+  """Converts in the direction SRC's contents imply; returns a one-line summary.
+
+  A non-empty TARGET is refused unless `overwrite`; the result is written to a
+  temporary sibling directory and renamed into place, so TARGET never mixes old and
+  new files (e.g. a stale 1_Pooling/) and a failed conversion leaves it untouched.
+  """
+  target = pathlib.Path(target)
+  if target.exists() and any(target.iterdir()) and not overwrite:
+    raise FileExistsError(f"{target} is not empty; choose a new --to or pass --overwrite")
+  staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent
+                                          if target.parent.exists() else None))
+  try:
+    summary = _convert_into(source, staging, scan_layers)
+    if target.exists():
+      shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(staging), str(target))
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return summary.replace(str(staging), str(target))
+
+
+def _convert_into(source, target: pathlib.Path, scan_layers: bool) -> str:
   if is_hf_dir(source):
     cfg, params, tokenizer = hf_checkpoint.load(source, scan_layers=scan_layers)
     run = RunDir(target).write_encoder(cfg, params, tokenizer)
@@ -46,8 +71,15 @@ def main(argv=None) -> None:
                            "either layout on load)")
   parser.add_argument("command", nargs="?", choices=["convert"],
                       help="optional, for `python -m jaxencoder.pretrained convert ...`")
+  parser.add_argument("--overwrite", action="store_true",
+                      help="replace a non-empty --to directory (all of it)")
   args = parser.parse_args(argv)
-  print(convert(args.source, args.target, scan_layers=args.scan_layers))
+  try:
+    print(convert(args.source, args.target, scan_layers=args.scan_layers,
+                  overwrite=args.overwrite))
+  except (FileExistsError, FileNotFoundError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -94,12 +94,31 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Takes init_from's architecture, ties derived values (the schedule's length follows
   num_train_steps) and locks."""
   adopt_init_from_model(config)
+  _check_positive(config, ("num_train_steps", "batch_size", "eval_batch_size", "log_every",
+                           "eval_every", "checkpoint_every"))
   if not config.optim.total_steps:
     config.optim.total_steps = config.num_train_steps
+  _clip_warmup(config.optim)
   if config.max_predictions < 0:  # room for 1.25x the expected masked tokens
     config.max_predictions = math.ceil(1.25 * config.data.mask_rate * config.data.seq_len) + 1
   config.lock()
   return config
+
+
+def _check_positive(config: ml_collections.ConfigDict, keys: Sequence[str]) -> None:
+  for key in keys:
+    if not isinstance(config[key], int) or config[key] < 1:
+      raise ValueError(f"{key} must be a positive integer, got {config[key]!r}")
+
+
+def _clip_warmup(optim: ml_collections.ConfigDict) -> None:
+  """A warmup as long as the whole schedule leaves nothing to decay: a short run (e.g.
+  num_train_steps=3 with a config's 100 warmup steps) warms up over its first tenth."""
+  if optim.schedule in ("linear", "cosine") and optim.warmup_steps >= optim.total_steps:
+    clipped = optim.total_steps // 10
+    log.warning("optim.warmup_steps=%d is not shorter than the %d-step schedule; using %d",
+                optim.warmup_steps, optim.total_steps, clipped)
+    optim.warmup_steps = clipped
 
 
 def _parse_value(text: str, current: Any) -> Any:

@@ -204,8 +204,11 @@ def save(run: Run, eval_metrics: dict[str, float] | None, *, force: bool = False
   check_finite(run.state)
   step = int(run.state.step)
   metrics = {f"eval_{k}": v for k, v in eval_metrics.items()} if eval_metrics else None
-  run.checkpointer.save(step, run.state, data_state=data_position(run.train_iter),
-                        config=run.config.to_dict(), metrics=metrics, force=force)
+  started = time.perf_counter()
+  if run.checkpointer.save(step, run.state, data_state=data_position(run.train_iter),
+                           config=run.config.to_dict(), metrics=metrics, force=force):
+    log.info("checkpoint step %d: %.1f s, finishing in the background", step,
+             time.perf_counter() - started)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,
@@ -218,11 +221,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   with StopSignals() as signals:
     run = setup(config, workdir)
     try:
-      return _train(run, signals)
+      metrics = _train(run, signals)
     finally:
       run.checkpointer.wait()
+      last = run.checkpointer.latest_step()
       run.checkpointer.close()
       run.writer.close()
+  log.info("done at step %s: checkpoints in %s, metrics in %s, TensorBoard events in %s",
+           last, run.checkpointer.directory, run.run_dir.metrics_file,
+           run.run_dir.tensorboard_dir)
+  return metrics
 
 
 def _stop(run: Run, signals: StopSignals) -> Preempted:
