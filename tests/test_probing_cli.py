@@ -156,3 +156,28 @@ def test_cli_reads_a_hugging_face_bert_directory(model, tmp_path):
   assert report["data"]["level"] == "sentence" and report["data"]["pool"] == "mean"
   assert "control_accuracy" not in report["probes"]["linear"]["layers"][0]
   assert (out / "report.json").exists() and (out / "probe_linear.png").exists()
+
+
+def test_cli_refuses_data_too_small_to_split(model, tmp_path, capsys):
+  pretrained = pytest.importorskip("jaxencoder.pretrained")
+  from jaxencoder.probing import __main__ as probe
+  cfg, params, tok = model
+  pretrained.save(tmp_path / "hf", cfg, params, tok)
+  data = tmp_path / "s.csv"
+  data.write_text("text,label\nthe cat,yes\na dog,no\n")
+  with pytest.raises(SystemExit) as exit_info:
+    probe.main(["--pretrained", str(tmp_path / "hf"), "--data", str(data), "--out",
+                str(tmp_path / "out")])
+  assert exit_info.value.code == 2
+  assert "error: 2 sentences are too few to probe" in capsys.readouterr().err
+  with pytest.raises(ValueError, match="too few to split"):
+    from jaxencoder.probing import probes
+    probes.split_items(np.arange(3))
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(model):
+  cfg, params, tok = model
+  small = cfg.replace(vocab_size=tok.vocab_size - 1)
+  with pytest.raises(ValueError, match=rf"tokenizer has {tok.vocab_size} tokens but the "
+                                       rf"model's vocabulary has {tok.vocab_size - 1}"):
+    features.extract(small, params, tok, tagged_dataset([3, 4]))

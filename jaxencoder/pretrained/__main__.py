@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import pathlib
 import shutil
-import sys
 import tempfile
 
+from jaxencoder import cli
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import hf_checkpoint
 from jaxencoder.tokenizer import Tokenizer
@@ -74,12 +74,8 @@ def main(argv=None) -> None:
   parser.add_argument("--overwrite", action="store_true",
                       help="replace a non-empty --to directory (all of it)")
   args = parser.parse_args(argv)
-  try:
-    print(convert(args.source, args.target, scan_layers=args.scan_layers,
-                  overwrite=args.overwrite))
-  except (FileExistsError, FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  print(cli.run_main(lambda: convert(args.source, args.target, scan_layers=args.scan_layers,
+                                     overwrite=args.overwrite)))
 
 
 if __name__ == "__main__":

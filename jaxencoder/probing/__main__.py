@@ -18,6 +18,7 @@ import pathlib
 
 import numpy as np
 
+from jaxencoder import cli
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features, probes, representation, study
 from jaxencoder.probing.health import HealthThresholds
@@ -83,6 +84,11 @@ def options_from(args: argparse.Namespace) -> study.StudyOptions:
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  return cli.run_main(lambda: probe(args))
+
+
+def probe(args: argparse.Namespace) -> dict:
+  """Loads the model and data, runs the study, prints the summary table."""
   if args.checkpoint:
     cfg, params, tokenizer = load_checkpoint(args.checkpoint, args.tokenizer)
   else:

@@ -194,6 +194,10 @@ def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: st
     raise ValueError("extract: the dataset has no sentences")
   if cfg.input_kind != "text":
     raise ValueError(f"probing features need a text encoder, got input_kind={cfg.input_kind!r}")
+  if tokenizer.vocab_size > cfg.vocab_size:
+    raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
+                     f"has {cfg.vocab_size}: pass the tokenizer the model was trained with "
+                     "(--tokenizer)")
   max_length = min(max_length, cfg.max_len)
   buckets = tuple(buckets or length_buckets(max_length))
   lengths_S, kept_S = measure(tokenizer, dataset, max_length)

@@ -38,6 +38,7 @@ class ProbeConfig:
 
 
 # --- splits and labels -------------------------------------------------------------------
+MIN_SENTENCES = 10  # with the default 0.8 / 0.1 / 0.1 split, one sentence each for dev, test
 def split_items(sentence_ids_M: np.ndarray, fractions: Sequence[float] = (0.8, 0.1, 0.1),
                 seed: int = 0) -> dict[str, np.ndarray]:
   """{"train"|"dev"|"test": item indices}: whole sentences shuffled into the splits."""
@@ -45,6 +46,11 @@ def split_items(sentence_ids_M: np.ndarray, fractions: Sequence[float] = (0.8, 0
   order = np.random.default_rng(seed).permutation(sentences)
   cuts = np.round(np.cumsum(fractions)[:-1] / np.sum(fractions) * len(order)).astype(int)
   chosen = np.split(order, cuts)
+  empty = [name for name, ids in zip(SPLITS, chosen) if not len(ids)]
+  if empty:
+    raise ValueError(f"{len(sentences)} sentences are too few to split {tuple(fractions)} into "
+                     f"train/dev/test: {', '.join(empty)} would be empty; use more data "
+                     f"(at least {MIN_SENTENCES} sentences)")
   return {name: np.flatnonzero(np.isin(sentence_ids_M, ids)) for name, ids in zip(SPLITS, chosen)}
 
 

@@ -37,6 +37,9 @@ class StudyOptions:
 def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, out_dir,
         options: StudyOptions = StudyOptions(), *, workdir=None, source: str = "") -> dict:
   """Runs every analysis, writes out_dir/report.json and the PNG plots; returns the report."""
+  if len(dataset.sentences) < probes.MIN_SENTENCES:
+    raise ValueError(f"{len(dataset.sentences)} sentences are too few to probe (train, dev and "
+                     f"test splits need at least {probes.MIN_SENTENCES})")
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   started = time.time()

@@ -15,27 +15,22 @@ import os
 import pathlib
 import sys
 
-
-EXIT_USER_ERROR = 2  # a bad flag, file or value: one line on stderr, no traceback
-
-
-class UserError(Exception):
-  """An error in what the user passed; printed as one line."""
+from jaxencoder import cli
 
 
 def load_config(path: str):
   """Runs `get_config()` of a config file."""
   path = pathlib.Path(path)
   if not path.is_file():
-    raise UserError(f"--config {path}: no such file")
+    raise cli.UserError(f"--config {path}: no such file")
   if path.suffix != ".py":
-    raise UserError(f"--config {path}: expected a Python config file (configs/*.py) with "
+    raise cli.UserError(f"--config {path}: expected a Python config file (configs/*.py) with "
                     "get_config()")
   spec = importlib.util.spec_from_file_location(f"config_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
-    raise UserError(f"--config {path}: defines no get_config()")
+    raise cli.UserError(f"--config {path}: defines no get_config()")
   return module.get_config()
 
 
@@ -71,18 +66,14 @@ def main(argv=None) -> None:
   logging.getLogger("jaxencoder").setLevel(logging.INFO)
   quiet_library_logs()
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  from jaxencoder.data.readers import DataError
+  from jaxencoder.io.checkpoint import CheckpointError
   from jaxencoder.train.stop import EXIT_PREEMPTED, Preempted
   try:
-    metrics = run(args, overrides)
+    metrics = cli.run_main(lambda: run(args, overrides), (DataError, CheckpointError))
   except Preempted as e:
     print(e, file=sys.stderr)
     sys.exit(EXIT_PREEMPTED)
-  except user_errors() as e:
-    if os.environ.get("JAXENCODER_TRACEBACK"):
-      raise
-    message = e.args[0] if isinstance(e, KeyError) and e.args else e
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
   if metrics is not None:
     print("final eval:", " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
 
@@ -98,16 +89,6 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
   from jaxencoder.train.loop import train_and_evaluate
   metrics = train_and_evaluate(config, args.workdir)
   return metrics if jax.process_index() == 0 else None
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-  """Exception types that describe bad input rather than a bug: bad config keys and values,
-  missing or damaged files, data errors, a changed config on resume. (Set
-  JAXENCODER_TRACEBACK=1 to see the traceback anyway.)"""
-  from jaxencoder.data.readers import DataError
-  from jaxencoder.io.checkpoint import CheckpointError
-  return (UserError, KeyError, ValueError, TypeError, FileNotFoundError, FileExistsError,
-          DataError, CheckpointError)
 
 
 if __name__ == "__main__":
