@@ -13,7 +13,8 @@ SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scrip
 # console script -> the `python -m` module documented as its twin
 TWINS = {"jaxencoder-train": "jaxencoder.train", "jaxencoder-data": "jaxencoder.data",
          "jaxencoder-convert": "jaxencoder.pretrained", "jaxencoder-probe": "jaxencoder.probing",
-         "jaxencoder-tokenizer": "jaxencoder.tokenizer"}
+         "jaxencoder-tokenizer": "jaxencoder.tokenizer",
+         "jaxencoder-predict": "jaxencoder.train.predict", "jaxencoder-plot": "jaxencoder.train.plots"}
 
 
 def test_every_tool_has_a_script_and_a_twin():
@@ -21,7 +22,9 @@ def test_every_tool_has_a_script_and_a_twin():
   for script, target in SCRIPTS.items():
     module, func = target.split(":")
     twin = TWINS[script]
-    main_module = twin if twin == "jaxencoder.tokenizer" else f"{twin}.__main__"
+    single_file = twin in ("jaxencoder.tokenizer", "jaxencoder.train.predict",
+                           "jaxencoder.train.plots")
+    main_module = twin if single_file else f"{twin}.__main__"
     assert module == main_module, script
     assert callable(getattr(importlib.import_module(module), func))
 

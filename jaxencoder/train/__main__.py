@@ -45,8 +45,10 @@ def quiet_library_logs() -> None:
 def parse_args(argv):
   parser = argparse.ArgumentParser(prog="jaxencoder-train", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--config", required=True, help="a configs/*.py file")
+  parser.add_argument("--config", help="a configs/*.py file (optional with --eval_only)")
   parser.add_argument("--workdir", required=True, help="checkpoints, metrics, TensorBoard")
+  parser.add_argument("--eval_only", action="store_true",
+                      help="evaluate the run's newest checkpoint and exit (no training)")
   group = parser.add_argument_group(
       "multi-process", "one process per host (or GPU); auto-detected on Cloud TPU and SLURM")
   group.add_argument("--coordinator_address", help="host:port of process 0")
@@ -83,11 +85,19 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
   from jaxencoder.train import distributed
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
   from jaxencoder.train.config import apply_overrides
-  config = load_config(args.config)
-  apply_overrides(config, overrides)
   import jax
-  from jaxencoder.train.loop import train_and_evaluate
-  metrics = train_and_evaluate(config, args.workdir)
+  from jaxencoder.train import loop
+  if args.config is None and not args.eval_only:
+    raise cli.UserError("--config is required (except with --eval_only)")
+  config = load_config(args.config) if args.config else None
+  if config is not None:
+    apply_overrides(config, overrides)
+  elif overrides:
+    raise cli.UserError("--config.* overrides need --config")
+  if args.eval_only:
+    metrics = loop.evaluate_run(config, args.workdir)
+  else:
+    metrics = loop.train_and_evaluate(config, args.workdir)
   return metrics if jax.process_index() == 0 else None
 
 

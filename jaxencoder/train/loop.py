@@ -233,6 +233,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   return metrics
 
 
+def evaluate_run(config: ml_collections.ConfigDict | None, workdir) -> dict[str, float]:
+  """Eval-only: the eval metrics of a run's newest restorable checkpoint (nothing written).
+  `config` None: the config stored with the run."""
+  source = RunDir.open(workdir)
+  if config is None:
+    config = ml_collections.ConfigDict(source.read_config())
+    config.init_from = ""  # the run's own checkpoint holds the weights
+  config = finalize(ml_collections.ConfigDict(config.to_dict()))
+  run = setup(config, workdir)
+  try:
+    eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
+    metrics = evaluate(run, eval_step)
+  finally:
+    run.checkpointer.close()
+    run.writer.close()
+  log.info("step %d eval %s", int(run.state.step), _fmt(metrics))
+  return metrics
+
+
 def _stop(run: Run, signals: StopSignals) -> Preempted:
   """Waits for pending saves; the exception that names the durable step."""
   run.checkpointer.wait()
