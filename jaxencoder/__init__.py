@@ -1,7 +1,7 @@
 """jaxencoder: Transformer encoders in JAX/Flax, for text, image patches and time series."""
 
 from jaxencoder.config import PRESETS, EncoderConfig
-from jaxencoder.encoder import Encoder, EncoderBlock, EncoderOutput
+from jaxencoder.encoder import BlockInputs, Encoder, EncoderBlock, EncoderOutput
 from jaxencoder.heads import (
     ContrastiveHead,
     EncoderForMaskedLM,
@@ -14,7 +14,7 @@ from jaxencoder.heads import (
 from jaxencoder.layout import loop_to_scan, scan_to_loop
 
 __all__ = [
-    "PRESETS", "EncoderConfig", "Encoder", "EncoderBlock", "EncoderOutput",
+    "PRESETS", "EncoderConfig", "Encoder", "EncoderBlock", "BlockInputs", "EncoderOutput",
     "EncoderForMaskedLM", "MlmHead", "SequenceClassificationHead",
     "TokenClassificationHead", "ContrastiveHead", "cosine_similarity", "info_nce_loss",
     "loop_to_scan", "scan_to_loop",

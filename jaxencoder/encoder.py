@@ -75,6 +75,19 @@ class EncoderOutput:
   attentions: tuple[jax.Array, ...] | None = None  # N of [B, H, L, L]
 
 
+@flax.struct.dataclass
+class BlockInputs:
+  """What every block of one call shares: a pytree whose flags are static (they live in
+  its tree structure), so nn.remat needs no static_argnums and nn.scan broadcasts it whole."""
+  mask_Bx1xLxL: jax.Array | None
+  bias_BxHxLxL: jax.Array | None
+  key_mask_BxL: jax.Array
+  positions_BxL: jax.Array
+  deterministic: bool = flax.struct.field(pytree_node=False)
+  output_attentions: bool = flax.struct.field(pytree_node=False)
+  output_hidden_states: bool = flax.struct.field(pytree_node=False)
+
+
 class EncoderBlock(nn.Module):
   """Self-attention + feed-forward, post-norm (BERT) or pre-norm.
 
@@ -86,41 +99,77 @@ class EncoderBlock(nn.Module):
   cfg: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL, positions_BxL,
-               deterministic: bool, output_attentions: bool, output_hidden_states: bool,
-               query_rows_BxQ=None):
+  def __call__(self, x_BxLxD, inputs: BlockInputs, query_rows_BxQ=None):
     cfg = self.cfg
-    drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=inputs.deterministic)
     pre = cfg.norm_position == "pre"
     attention = MultiHeadAttention(cfg, name="attention")
     h_BxLxD = norm(cfg, name="attention_norm")(x_BxLxD) if pre else x_BxLxD
-    h_BxLxD, probs_BxHxLxL = attention(h_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL,
-                                       positions_BxL, deterministic=deterministic,
-                                       output_attentions=output_attentions,
-                                       query_rows_BxQ=query_rows_BxQ)
+    h_BxLxD, probs_BxHxLxL = attention(
+        h_BxLxD, inputs.mask_Bx1xLxL, inputs.bias_BxHxLxL, inputs.key_mask_BxL,
+        inputs.positions_BxL, deterministic=inputs.deterministic,
+        output_attentions=inputs.output_attentions, query_rows_BxQ=query_rows_BxQ)
     if query_rows_BxQ is not None:  # from here on only the Q query rows: [B, Q, D]
       x_BxLxD = take_rows(x_BxLxD, query_rows_BxQ)
     x_BxLxD = x_BxLxD + drop(h_BxLxD)
     if not pre:
       x_BxLxD = norm(cfg, name="attention_norm")(x_BxLxD)
     h_BxLxD = norm(cfg, name="ffn_norm")(x_BxLxD) if pre else x_BxLxD
-    h_BxLxD = FeedForward(cfg, name="ffn")(h_BxLxD, deterministic=deterministic)
+    h_BxLxD = FeedForward(cfg, name="ffn")(h_BxLxD, deterministic=inputs.deterministic)
     x_BxLxD = x_BxLxD + drop(h_BxLxD)
     if not pre:
       x_BxLxD = norm(cfg, name="ffn_norm")(x_BxLxD)
     x_BxLxD = constrain(x_BxLxD)
-    out = {"hidden_state": x_BxLxD if output_hidden_states else None,
+    out = {"hidden_state": x_BxLxD if inputs.output_hidden_states else None,
            "attention": probs_BxHxLxL}
     return x_BxLxD, out
 
 
-def block_class(cfg: EncoderConfig) -> type[nn.Module]:
-  """EncoderBlock, rematerialised per `cfg.remat_policy`."""
+def block_class(cfg: EncoderConfig, in_scan: bool) -> type[nn.Module]:
+  """EncoderBlock, rematerialised per `cfg.remat_policy` (its flags ride in BlockInputs)."""
   if cfg.remat_policy == "none":
     return EncoderBlock
-  # Static: deterministic, output_attentions, output_hidden_states (self is 0).
-  return nn.remat(EncoderBlock, policy=REMAT_POLICIES[cfg.remat_policy],
-                  prevent_cse=not cfg.scan_layers, static_argnums=(6, 7, 8))
+  # Inside nn.scan the loop boundary already keeps XLA from merging recompute and forward.
+  return nn.remat(EncoderBlock, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not in_scan)
+
+
+_LAYERS_AXIS = {nn.PARTITION_NAME: "layers"}  # logical name of the scanned params' [N] axis
+
+
+def _scanned_blocks(cfg: EncoderConfig, length: int) -> type[nn.Module]:
+  """`length` blocks under nn.scan: params stacked on a leading [length] axis, the
+  BlockInputs broadcast to every step, dropout drawn afresh per layer."""
+  return nn.scan(block_class(cfg, in_scan=True), variable_axes={"params": 0},
+                 split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
+                 length=length, metadata_params=_LAYERS_AXIS)
+
+
+def _unstack(stacked: dict[str, Any], n: int) -> list[dict[str, Any]]:
+  return [{k: None if v is None else v[i] for k, v in stacked.items()} for i in range(n)]
+
+
+def _split_last_layer(variables):
+  """View of the stored [N] stack as {'scanned': [N-1, ...], 'last': [...]}; slices, so
+  gradients flow back to all N layers. Boxed params lose their 'layers' name in 'last'."""
+  stack = variables["params"]
+  last = nn.meta.remove_axis(jax.tree.map(lambda x: x[-1], stack), 0, _LAYERS_AXIS)
+  return {"params": {"scanned": jax.tree.map(lambda x: x[:-1], stack), "last": last}}
+
+
+class _ScanThenSparseLast(nn.Module):
+  """The scanned stack with a sparse last block: nn.scan over N-1 blocks, then the last
+  on `rows_BxQ` only. Used under nn.map_variables(_split_last_layer), never at init."""
+  cfg: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, inputs: BlockInputs, rows_BxQ):
+    cfg, outs = self.cfg, []
+    if cfg.num_layers > 1:
+      x_BxLxD, stacked = _scanned_blocks(cfg, cfg.num_layers - 1)(cfg, name="scanned")(
+          x_BxLxD, inputs)
+      outs = _unstack(stacked, cfg.num_layers - 1)
+    x_BxQxD, out = block_class(cfg, in_scan=False)(cfg, name="last")(x_BxLxD, inputs, rows_BxQ)
+    return x_BxQxD, outs + [out]
 
 
 class Encoder(nn.Module):
@@ -133,9 +182,9 @@ class Encoder(nn.Module):
   `segment_ids` [B, L] mark packed sequences (0 = padding); tokens attend only
   within their segment. `output_positions` [B, M] (e.g. MLM's masked positions)
   makes `last_hidden_state` [B, M, D], the final states at those positions only;
-  with the looped stack and cls pooling (BERT), the last block then computes its
-  queries, feed-forward and norms only for those rows and [CLS] (keys and values
-  still see every position): same values, about (1 - M/L) of a layer's work saved.
+  with cls pooling (BERT), the last block then computes its queries, feed-forward
+  and norms only for those rows and [CLS] (keys and values still see every
+  position): same values, about (1 - M/L) of a layer's work saved.
   """
   cfg: EncoderConfig
 
@@ -163,16 +212,18 @@ class Encoder(nn.Module):
     if cfg.position_embedding == "relative":
       bias_BxHxLxL = RelativePositionBias(cfg, name="relative_bias")(positions_BxL)
 
-    args = (mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL,
-            deterministic, output_attentions, output_hidden_states)
+    block_inputs = BlockInputs(mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL,
+                               deterministic, output_attentions, output_hidden_states)
     if output_positions is not None:
       check_output_positions(output_positions, *x_BxLxD.shape[:2])
-    sparse_last = (output_positions is not None and not cfg.scan_layers and cfg.pooling == "cls"
-                   and not output_hidden_states and not output_attentions)
+    # Init runs the full stack, which creates the scanned params in their stored layout.
+    sparse_last = (output_positions is not None and cfg.pooling == "cls"
+                   and not output_hidden_states and not output_attentions
+                   and not self.is_initializing())
     rows_BxQ = None  # rows the last block computes: position 0 (cls pooling) + output_positions
     if sparse_last:
       rows_BxQ = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions], 1)
-    last_BxLxD, layer_outs = self._stack(x_BxLxD, args, rows_BxQ)
+    last_BxLxD, layer_outs = self._stack(x_BxLxD, block_inputs, rows_BxQ)
     if cfg.norm_position == "pre":
       last_BxLxD = norm(cfg, name="final_norm")(last_BxLxD)
     # Sparse: last_BxLxD holds the Q = 1 + M rows, [CLS] first (cls pooling reads row 0).
@@ -186,26 +237,24 @@ class Encoder(nn.Module):
       last_BxLxD = last_BxLxD[:, 1:] if sparse_last else take_rows(last_BxLxD, output_positions)
     return EncoderOutput(last_BxLxD, pooled_BxD, hidden, attentions)
 
-  def _stack(self, x_BxLxD, args, last_rows_BxQ=None) -> tuple[jax.Array, list[dict[str, Any]]]:
+  def _stack(self, x_BxLxD, inputs: BlockInputs,
+             last_rows_BxQ=None) -> tuple[jax.Array, list[dict[str, Any]]]:
     """Runs the N blocks (loop or nn.scan); returns x and each layer's intermediates.
 
-    `last_rows_BxQ` (loop only): the last block computes just those rows.
+    `last_rows_BxQ`: the last block computes just those rows. The scanned stack then
+    scans N-1 layers and runs the last alone, on a view of the same [N] params.
     """
     cfg = self.cfg
-    block = block_class(cfg)
     if not cfg.scan_layers:
-      outs = []
+      block, outs = block_class(cfg, in_scan=False), []
       for i in range(cfg.num_layers):
         rows = last_rows_BxQ if i == cfg.num_layers - 1 else None
-        x_BxLxD, out = block(cfg, name=layer_name(i))(x_BxLxD, *args, rows)
+        x_BxLxD, out = block(cfg, name=layer_name(i))(x_BxLxD, inputs, rows)
         outs.append(out)
       return x_BxLxD, outs
-    scanned = nn.scan(block, variable_axes={"params": 0},
-                      split_rngs={"params": True, "dropout": True},
-                      in_axes=nn.broadcast, length=cfg.num_layers,
-                      metadata_params={nn.PARTITION_NAME: "layers"})
-    x_BxLxD, stacked = scanned(cfg, name=SCANNED_LAYERS)(x_BxLxD, *args)
-    outs = [{k: None if v is None else v[i] for k, v in stacked.items()}
-            for i in range(cfg.num_layers)]
-    return x_BxLxD, outs
-
+    if last_rows_BxQ is not None:
+      sparse = nn.map_variables(_ScanThenSparseLast, "params", trans_in_fn=_split_last_layer)
+      return sparse(cfg, name=SCANNED_LAYERS)(x_BxLxD, inputs, last_rows_BxQ)
+    x_BxLxD, stacked = _scanned_blocks(cfg, cfg.num_layers)(cfg, name=SCANNED_LAYERS)(
+        x_BxLxD, inputs)
+    return x_BxLxD, _unstack(stacked, cfg.num_layers)

@@ -1,5 +1,9 @@
 """The layer stack: scan vs loop, remat, dropout, and learning with both norm placements."""
 
+import importlib.util
+import math
+import pathlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -9,6 +13,8 @@ import pytest
 
 from conftest import jit_model, random_ids, tiny_config
 from jaxencoder import Encoder, loop_to_scan, scan_to_loop
+from jaxencoder.train import tasks
+from jaxencoder.train.config import encoder_config, finalize
 
 
 def loss_and_grads(cfg, params, ids, mask):
@@ -144,9 +150,14 @@ def test_every_activation_runs_and_differs(activation):
     dict(position_embedding="relative"), dict(attention_impl="fused"),
     dict(attention_impl="linear"), dict(remat_policy="full"), dict(pooler_dense=True),
     dict(scan_layers=True), dict(pooling="mean"),
+    dict(scan_layers=True, num_layers=1), dict(scan_layers=True, num_layers=3, norm_position="pre"),
+    dict(scan_layers=True, position_embedding="rope"),
+    dict(scan_layers=True, remat_policy="save_dots"),
+    dict(scan_layers=True, remat_policy="full", position_embedding="relative"),
 ])
 def test_output_positions_equal_the_full_states_at_those_rows(overrides):
-  """The sparse last block (or the gather fallback) changes no value nor gradient."""
+  """The sparse last block (or the gather fallback) changes no value nor gradient; for the
+  scanned stack, gradients reach all N slices of the stored [N] params."""
   cfg = tiny_config(**overrides)
   ids = random_ids(3, (2, 9))
   mask = jnp.array([[1] * 9, [1] * 6 + [0] * 3])
@@ -172,14 +183,76 @@ def test_output_positions_equal_the_full_states_at_those_rows(overrides):
                grads, full_grads)
 
 
+def _forward_flops(cfg, ids, positions) -> float:
+  """XLA's count for one forward pass; it counts a loop body once, whatever its trip count."""
+  model = Encoder(cfg)
+  params = model.init(jax.random.key(0), ids)["params"]
+  forward = lambda p: model.apply({"params": p}, ids, output_positions=positions)
+  return jax.jit(forward).lower(params).compile().cost_analysis()["flops"]
+
+
 def test_output_positions_skip_work_in_the_last_block():
   cfg = tiny_config(num_layers=1, mlp_dim=256)
   ids = random_ids(3, (2, 32))
-  model = Encoder(cfg)
-  params = model.init(jax.random.key(0), ids)["params"]
   rows = jnp.array([[3, 8], [5, 2]])
-  flops = lambda positions: jax.jit(
-      lambda p: model.apply({"params": p}, ids, output_positions=positions).last_hidden_state
-  ).lower(params).compile().cost_analysis()["flops"]
   # Queries, feed-forward and norms for 1 + 2 rows instead of 32: well under half.
-  assert flops(rows) < 0.5 * flops(None)
+  assert _forward_flops(cfg, ids, rows) < 0.5 * _forward_flops(cfg, ids, None)
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_scanned_stack_also_skips_work_in_the_last_block(num_layers):
+  """With at most 2 layers the sparse scan runs at most 1 step before the last block, so
+  XLA's count is exact: it must equal the looped stack's sparse count."""
+  cfg = tiny_config(num_layers=num_layers, mlp_dim=256)
+  ids = random_ids(3, (2, 32))
+  rows = jnp.array([[3, 8], [5, 2]])
+  sparse = _forward_flops(cfg.replace(scan_layers=True), ids, rows)
+  np.testing.assert_allclose(sparse, _forward_flops(cfg, ids, rows), rtol=0.01)
+  assert sparse < (1 - 0.5 / num_layers) * _forward_flops(cfg, ids, None)  # > half a layer saved
+  if num_layers == 1:  # no loop at all in either path
+    assert sparse < 0.5 * _forward_flops(cfg.replace(scan_layers=True), ids, None)
+
+
+def test_scanned_sparse_path_takes_plain_params_and_draws_dropout():
+  cfg = tiny_config(num_layers=3, scan_layers=True, remat_policy="full", dropout_rate=0.3,
+                    attention_dropout_rate=0.3)
+  ids = random_ids(1, (2, 8))
+  rows = jnp.array([[3, 5], [1, 7]])
+  model = Encoder(cfg)
+  params = nn.meta.unbox(model.init(jax.random.key(0), ids)["params"])
+  run = jax.jit(lambda seed: model.apply(
+      {"params": params}, ids, output_positions=rows, deterministic=False,
+      rngs={"dropout": jax.random.key(seed)}).last_hidden_state)
+  assert run(1).shape == (2, 2, cfg.emb_dim)
+  np.testing.assert_array_equal(run(1), run(1))
+  assert float(jnp.abs(run(1) - run(2)).max()) > 1e-2
+
+
+def _load_config(name: str):
+  path = pathlib.Path(__file__).parents[1] / "configs" / f"{name}.py"
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return finalize(module.get_config())
+
+
+def test_bert_base_mlm_config_gets_the_sparse_last_block():
+  """configs/mlm_bert_base.py scans its layers and gathers MLM logits (auto max_predictions);
+  shrunk to one layer, its MLM loss costs what the looped stack's sparse path does."""
+  config = _load_config("mlm_bert_base")
+  cfg = encoder_config(config)
+  assert cfg.scan_layers and config.max_predictions > 0
+  small = cfg.replace(num_layers=1, emb_dim=32, num_heads=4, head_dim=None, mlp_dim=256,
+                      vocab_size=97, max_len=64)
+  ids = random_ids(0, (2, 32))
+  weights = jnp.zeros((2, 32)).at[:, 3:32:6].set(1.0)
+  batch = {"input_ids": ids, "attention_mask": jnp.ones_like(ids), "mlm_labels": ids,
+           "mlm_weights": weights}
+  max_predictions = math.ceil(config.max_predictions / config.data.seq_len * 32)
+
+  def flops(model_cfg):
+    task = tasks.make_task("mlm", model_cfg, max_predictions=max_predictions)
+    params = task.model.init(jax.random.key(0), *task.example_batch(batch))["params"]
+    loss = lambda p: task.loss_fn(p, batch, jax.random.key(0), False)[0]
+    return jax.jit(loss).lower(params).compile().cost_analysis()["flops"]
+  np.testing.assert_allclose(flops(small), flops(small.replace(scan_layers=False)), rtol=0.01)
