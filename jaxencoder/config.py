@@ -97,6 +97,10 @@ class EncoderConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
 
+  # Checks. Outside jit, ids are always range-checked; True checks them under jit too
+  # (a host callback per call that raises naming the bad id; costs a device -> host copy).
+  check_ids: bool = False
+
   def __post_init__(self):
     if isinstance(self.image_size, list):
       object.__setattr__(self, "image_size", tuple(self.image_size))

@@ -14,15 +14,23 @@ def _is_concrete(x) -> bool:
   return isinstance(x, (np.ndarray, jax.Array)) and not isinstance(x, jax.core.Tracer)
 
 
-def _check_range(name: str, values, upper: int, what: str) -> None:
-  """Raises if a concrete integer array has a value outside [0, upper)."""
+def _check_range(name: str, values, upper: int, what: str, traced: bool = False) -> None:
+  """Raises if an integer array has a value outside [0, upper): at once for concrete
+  values; with `traced`, also under jit, from a host callback when the step runs."""
+  if isinstance(values, jax.core.Tracer) and traced:
+    jax.debug.callback(lambda v: _raise_if_outside(name, np.asarray(v), upper, what), values)
+    return
   if not _is_concrete(values) or np.size(values) == 0:
     return
-  values = np.asarray(values)
-  low, high = int(values.min()), int(values.max())
+  _raise_if_outside(name, np.asarray(values), upper, what)
+
+
+def _raise_if_outside(name: str, values: np.ndarray, upper: int, what: str) -> None:
+  low, high = int(values.min(initial=0)), int(values.max(initial=0))
   if low < 0 or high >= upper:
     bad = low if low < 0 else high
-    raise ValueError(f"{name} contains {bad}, outside [0, {upper}) ({what})")
+    where = tuple(int(i) for i in np.argwhere(values == bad)[0])
+    raise ValueError(f"{name}{list(where)} = {bad}, outside [0, {upper}) ({what})")
 
 
 def check_inputs(cfg: EncoderConfig, inputs, attention_mask=None, token_type_ids=None,
@@ -52,7 +60,8 @@ def check_inputs(cfg: EncoderConfig, inputs, attention_mask=None, token_type_ids
   if token_type_ids is not None:
     if not cfg.type_vocab_size:
       raise ValueError("token_type_ids given but type_vocab_size=0 (no type embeddings)")
-    _check_range("token_type_ids", token_type_ids, cfg.type_vocab_size, "type_vocab_size")
+    _check_range("token_type_ids", token_type_ids, cfg.type_vocab_size, "type_vocab_size",
+                 cfg.check_ids)
   if cfg.position_embedding == "learned" and cfg.input_kind != "image":
     total_len = len_BxL[1] + int(cfg.input_kind == "series" and cfg.use_cls_token)
     if total_len > cfg.max_len:
@@ -66,7 +75,8 @@ def _check_text(cfg: EncoderConfig, ids) -> None:
   if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
     raise ValueError(f"input_ids must be an integer array [batch, length]; got shape "
                      f"{tuple(ids.shape)} and dtype {ids.dtype}")
-  _check_range("input_ids", ids, cfg.vocab_size, "token id >= vocab_size")
+  _check_range("input_ids", ids, cfg.vocab_size, "token ids must be < vocab_size",
+               cfg.check_ids)
 
 
 def _check_image(cfg: EncoderConfig, images) -> None:

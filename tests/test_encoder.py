@@ -131,14 +131,15 @@ def text_model():
      "attention_mask has shape (2, 7) but the inputs need (2, 8)"),
     (np.ones((2, 8), np.int32), {"segment_ids": np.ones((1, 8), np.int32)}, "segment_ids has shape"),
     (np.ones((2, 8), np.int32), {"token_type_ids": np.full((2, 8), 2)},
-     "token_type_ids contains 2, outside [0, 2)"),
+     "token_type_ids[0, 0] = 2, outside [0, 2)"),
     (np.ones((1, 17), np.int32), {}, "sequence length 17 is longer than the position table (max_len=16)"),
-    (np.full((1, 8), 97, np.int32), {}, "input_ids contains 97, outside [0, 97) (token id >= vocab_size)"),
-    (np.full((1, 8), -1, np.int32), {}, "input_ids contains -1"),
+    (np.full((1, 8), 97, np.int32), {},
+     "input_ids[0, 0] = 97, outside [0, 97) (token ids must be < vocab_size)"),
+    (np.array([[1, 2, -1, 3]], np.int32), {}, "input_ids[0, 2] = -1, outside"),
     (np.ones((2, 8), np.int32), {"output_positions": np.ones((1, 3), np.int32)},
      "output_positions must be [batch, M] = [2, M]; got shape (1, 3)"),
     (np.ones((2, 8), np.int32), {"output_positions": np.full((2, 3), 8, np.int32)},
-     "output_positions contains 8, outside [0, 8)"),
+     "output_positions[0, 0] = 8, outside [0, 8)"),
     (np.ones((2, 8), np.int32), {"output_positions": np.ones((2, 3), np.float32)},
      "output_positions must be integer indices"),
 ])
@@ -149,11 +150,18 @@ def test_bad_text_input_is_named(text_model, inputs, kwargs, message):
   assert message in str(err.value)
 
 
-def test_token_range_is_not_checked_under_jit(text_model):
+def test_token_range_is_checked_under_jit_only_in_checked_mode(text_model):
   model, variables = text_model
-  ids = np.full((1, 8), 5, np.int32)
-  np.testing.assert_allclose(jax.jit(model.apply)(variables, ids).pooled,
-                             model.apply(variables, ids).pooled, atol=1e-6)
+  bad = np.array([[5, 7, 97, 1]], np.int32)
+  jax.jit(model.apply)(variables, bad)  # unchecked: no error (the gather clamps)
+  checked = Encoder(model.cfg.replace(check_ids=True))
+  good = np.array([[5, 7, 96, 1]], np.int32)
+  np.testing.assert_allclose(jax.jit(checked.apply)(variables, good).pooled,
+                             model.apply(variables, good).pooled, atol=1e-6)
+  for ids, message in ((bad, r"input_ids\[0, 2\] = 97, outside \[0, 97\)"),
+                       (-bad, r"input_ids\[0, 2\] = -97, outside")):
+    with pytest.raises(Exception, match=message):
+      jax.block_until_ready(jax.jit(checked.apply)(variables, ids))
 
 
 @pytest.mark.parametrize("images, message", [

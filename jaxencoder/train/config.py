@@ -29,7 +29,7 @@ _OPTIONAL_MODEL_FIELDS = {"head_dim": int, "mlp_dim": int, "sliding_window": int
 # from the checkpoint.
 RUNTIME_MODEL_FIELDS = ("attention_impl", "dropout_rate", "attention_dropout_rate",
                         "mlp_dropout_rate", "initializer_range", "scan_layers",
-                        "remat_policy", "dtype", "param_dtype")
+                        "remat_policy", "dtype", "param_dtype", "check_ids")
 TEXT_KINDS = ("text_corpus", "text_classification", "tagged_tokens")
 
 
@@ -204,7 +204,7 @@ RESUMABLE_CHANGES = (
     "optim.learning_rate", "optim.warmup_steps", "optim.total_steps", "optim.schedule",
     "optim.end_lr_factor", "optim.weight_decay", "optim.grad_clip_norm",
     "model.dropout_rate", "model.attention_dropout_rate", "model.mlp_dropout_rate",
-    "model.remat_policy", "model.attention_impl", "model.dtype")
+    "model.remat_policy", "model.attention_impl", "model.dtype", "model.check_ids")
 
 
 def config_changes(saved: dict, current: ml_collections.ConfigDict
