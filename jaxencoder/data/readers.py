@@ -5,18 +5,21 @@ the line. Nothing is skipped silently: there is no skip mode.
 
 Split names come from file names: a stem ending in train / test / validation
 (`GunPoint_TRAIN.ts`, `dev.tsv`, `t10k-images-idx3-ubyte.gz`) gives that
-split, anything else is "train".
+split, anything else is "train". Sources may be local or gs:// (read through epath).
 """
 
 from __future__ import annotations
 
 import csv
+import fnmatch
 import gzip
-import pathlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+from etils import epath
+
+from jaxencoder.io.paths import files_under
 
 _SPLIT_ALIASES = {"train": "train", "test": "test", "t10k": "test", "dev": "validation",
                   "valid": "validation", "validation": "validation", "val": "validation"}
@@ -32,30 +35,42 @@ def where(path, line: int | None = None) -> str:
 
 def split_of(path) -> str:
   """Split named by a file's stem (last `_`/`-`/`.`-separated word), else "train"."""
-  stem = pathlib.Path(path).name.split(".")[0].lower()
+  stem = epath.Path(path).name.split(".")[0].lower()
   for word in reversed(re.split(r"[_\-.]", stem)):
     if word in _SPLIT_ALIASES:
       return _SPLIT_ALIASES[word]
   return "train"
 
 
-def files_by_split(source, suffixes: Sequence[str]) -> dict[str, list[pathlib.Path]]:
-  """Groups files under `source` (a dir or a file) by split; errors if none match."""
-  source = pathlib.Path(source)
+def find_files(source, keep: Callable[[str], bool]) -> list[epath.Path]:
+  """[source] if it is a file, else the files at any depth under it whose name passes
+  `keep`, sorted (a local path stays as given: its files name the examples)."""
+  source = epath.Path(source)
   if not source.exists():
     raise DataError(f"{source}: no such file or directory")
-  files = [source] if source.is_file() else sorted(
-      p for p in source.rglob("*") if p.is_file() and p.name.lower().endswith(tuple(suffixes)))
+  if not source.is_dir():
+    return [source]
+  return [source / name for name in files_under(source) if keep(name.rsplit("/", 1)[-1])]
+
+
+def matching(pattern: str) -> Callable[[str], bool]:
+  """A `find_files` filter: file names matching a glob pattern (case-sensitive)."""
+  return lambda name: fnmatch.fnmatchcase(name, pattern)
+
+
+def files_by_split(source, suffixes: Sequence[str]) -> dict[str, list[epath.Path]]:
+  """Groups files under `source` (a dir or a file) by split; errors if none match."""
+  files = find_files(source, lambda name: name.lower().endswith(tuple(suffixes)))
   if not files:
     raise DataError(f"{source}: no files ending in {', '.join(suffixes)}")
-  groups: dict[str, list[pathlib.Path]] = {}
+  groups: dict[str, list[epath.Path]] = {}
   for f in files:
     groups.setdefault(split_of(f), []).append(f)
   return groups
 
 
 def _read_text(path, encoding: str) -> str:
-  text = pathlib.Path(path).read_text(encoding=encoding)
+  text = epath.Path(path).read_bytes().decode(encoding)  # epath opens text as UTF-8 only
   if not text.strip():
     raise DataError(f"{where(path)}: file is empty")
   return text
@@ -157,7 +172,9 @@ def _conllu_sentences(path):
 # --- images ----------------------------------------------------------------------------
 def read_idx(path) -> np.ndarray:
   """An idx(.gz) file (MNIST format) → uint8 array; errors on a bad header or size."""
-  raw = (gzip.open if str(path).endswith(".gz") else open)(path, "rb").read()
+  raw = epath.Path(path).read_bytes()
+  if str(path).endswith(".gz"):
+    raw = gzip.decompress(raw)
   if not raw:
     raise DataError(f"{where(path)}: file is empty")
   if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
@@ -192,7 +209,7 @@ def read_image_pairs(source) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _npz_pairs(path, split):
-  with np.load(path) as z:
+  with epath.Path(path).open("rb") as f, np.load(f) as z:
     if "images" in z and "labels" in z:
       return {split: (z["images"], z["labels"])}
     pairs = {k[2:]: (z[k], z["y_" + k[2:]]) for k in z.files if k.startswith("x_")

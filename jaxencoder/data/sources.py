@@ -1,15 +1,19 @@
-"""Random-access readers over prepared array_record datasets (ours or any tfds one)."""
+"""Random-access readers over prepared array_record datasets (ours or any tfds one).
+
+A dataset may live on Cloud Storage (gs://...): array_record reads it there, record
+by record, through its own Cloud Storage client; nothing is copied.
+"""
 
 from __future__ import annotations
 
-import pathlib
-
 import tensorflow_datasets as tfds
+from etils import epath
 
 from jaxencoder.data.readers import DataError
+from jaxencoder.io.paths import as_path
 
 
-def _versioned_dir(path: pathlib.Path) -> pathlib.Path | None:
+def _versioned_dir(path: epath.Path) -> epath.Path | None:
   """`path` itself if it holds dataset_info.json, else its newest version subdir."""
   if (path / "dataset_info.json").exists():
     return path
@@ -32,9 +36,9 @@ def open_builder(name: str, data_dir=None):
   A tfds catalogue name (e.g. "mnist") must already be prepared in array_record
   format under data_dir: nothing is downloaded here.
   """
-  candidates = [pathlib.Path(name)]
+  candidates = [as_path(name)]
   if data_dir is not None:
-    candidates.append(pathlib.Path(data_dir) / name)
+    candidates.append(as_path(data_dir) / name)
   for path in candidates:
     if path.is_dir() and (found := _versioned_dir(path)) is not None:
       return tfds.builder_from_directory(str(found))

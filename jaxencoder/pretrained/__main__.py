@@ -10,38 +10,46 @@ its checkpoints/ folder; local or gs://): DST becomes a Hugging Face BERT direct
 from __future__ import annotations
 
 import argparse
+import contextlib
 import pathlib
 import shutil
 import tempfile
 
 from jaxencoder import cli
+from jaxencoder.io import paths
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import hf_checkpoint
 from jaxencoder.tokenizer import Tokenizer
 
 
 def is_hf_dir(path) -> bool:
-  return (pathlib.Path(path) / hf_checkpoint.CONFIG).is_file()
+  return (paths.as_path(path) / hf_checkpoint.CONFIG).exists()
 
 
 def convert(source, target, *, scan_layers: bool = False, overwrite: bool = False) -> str:
   """Converts in the direction SRC's contents imply; returns a one-line summary.
 
   A non-empty TARGET is refused unless `overwrite`; the result is written to a
-  temporary sibling directory and renamed into place, so TARGET never mixes old and
-  new files (e.g. a stale 1_Pooling/) and a failed conversion leaves it untouched.
+  temporary directory and moved (uploaded, for gs://) into place, so TARGET never mixes
+  old and new files (e.g. a stale 1_Pooling/) and a failed conversion leaves it untouched.
   """
-  target = pathlib.Path(target)
-  if target.exists() and any(target.iterdir()) and not overwrite:
-    raise FileExistsError(f"{target} is not empty; choose a new --to or pass --overwrite")
-  staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent
-                                          if target.parent.exists() else None))
+  target = paths.as_path(target)
+  if target.exists() and any(target.iterdir()):
+    if not overwrite:
+      raise FileExistsError(f"{target} is not empty; choose a new --to or pass --overwrite")
+  local_parent = None if paths.is_url(target) else pathlib.Path(target).parent
+  if local_parent is not None:
+    local_parent.mkdir(parents=True, exist_ok=True)
+  staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=local_parent))
   try:
-    summary = _convert_into(source, staging, scan_layers)
+    with paths.local_copy(source) if is_hf_dir(source) else contextlib.nullcontext(source) as src:
+      summary = _convert_into(src, staging, scan_layers)
     if target.exists():
-      shutil.rmtree(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(staging), str(target))
+      target.rmtree()
+    if paths.is_url(target):
+      paths.copy_tree(staging, target)
+    else:
+      shutil.move(str(staging), str(target))
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return summary.replace(str(staging), str(target))

@@ -13,12 +13,14 @@ params and metrics.jsonl for the training-health report) or a converted checkpoi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import pathlib
+import tempfile
 
 import numpy as np
 
 from jaxencoder import cli
+from jaxencoder.io import paths
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features, probes, representation, study
 from jaxencoder.probing.health import HealthThresholds
@@ -88,16 +90,23 @@ def main(argv=None) -> dict:
 
 
 def probe(args: argparse.Namespace) -> dict:
-  """Loads the model and data, runs the study, prints the summary table."""
-  if args.checkpoint:
-    cfg, params, tokenizer = load_checkpoint(args.checkpoint, args.tokenizer)
-  else:
-    cfg, params, tokenizer = load_pretrained(args.pretrained, args.tokenizer)
-  dataset = features.read_dataset(args.data, max_sentences=args.max_sentences)
-  rep = study.run(cfg, params, tokenizer, dataset, args.out, options_from(args),
-                  workdir=args.checkpoint, source=args.checkpoint or args.pretrained)
+  """Loads the model and data, runs the study, prints the summary table. Any path may be
+  a gs:// URL: inputs are read through local copies, outputs uploaded at the end."""
+  with contextlib.ExitStack() as stack:
+    local = lambda p: p and str(stack.enter_context(paths.local_copy(p)))
+    if args.checkpoint:  # a run directory is read in place (orbax reads gs:// itself)
+      cfg, params, tokenizer = load_checkpoint(args.checkpoint, local(args.tokenizer))
+    else:
+      cfg, params, tokenizer = load_pretrained(local(args.pretrained), local(args.tokenizer))
+    dataset = features.read_dataset(local(args.data), max_sentences=args.max_sentences)
+    out = paths.as_path(args.out)
+    out_local = stack.enter_context(tempfile.TemporaryDirectory()) if paths.is_url(out) else out
+    rep = study.run(cfg, params, tokenizer, dataset, out_local, options_from(args),
+                    workdir=args.checkpoint, source=args.checkpoint or args.pretrained)
+    if paths.is_url(out):
+      paths.copy_tree(out_local, out)
   print(summary(rep))
-  print(f"wrote {pathlib.Path(args.out) / 'report.json'} and {len(rep['plots'])} plots")
+  print(f"wrote {out / 'report.json'} and {len(rep['plots'])} plots")
   return rep
 
 

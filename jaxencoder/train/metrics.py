@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
-import pathlib
+import os
+import tempfile
 import time
 from typing import Any, Mapping
 
 import jax
+from etils import epath
+
+from jaxencoder.io.paths import as_path, copy_file, copy_tree, is_url
+from jaxencoder.io.run_dir import METRICS, TENSORBOARD, read_metrics  # noqa: F401 (re-export)
 
 # Dense bf16 peak FLOP/s per chip (vendor figures).
 PEAK_BF16_FLOPS = {
@@ -60,19 +65,30 @@ def throughput(step_seconds: float, tokens_per_step: int, examples_per_step: int
 
 
 class MetricWriter:
-  """Appends metrics to workdir/metrics.jsonl and TensorBoard events (process 0 only)."""
+  """Appends metrics to workdir/metrics.jsonl and TensorBoard events (process 0 only).
 
-  def __init__(self, workdir: str | pathlib.Path, enabled: bool = True):
+  A gs:// workdir cannot be appended to: both are written in a local staging folder
+  (metrics.jsonl first copied from the workdir) and uploaded whole after every write.
+  """
+
+  def __init__(self, workdir: epath.PathLike, enabled: bool = True):
     self.enabled = enabled
     self._tb = None
     if not enabled:
       return
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    self._jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
+    workdir = as_path(workdir)
+    self._remote = workdir if is_url(workdir) else None
+    self._local = workdir
+    if self._remote is not None:
+      self._staging = tempfile.TemporaryDirectory(prefix="jaxencoder-metrics-")
+      self._local = as_path(self._staging.name)
+      if (workdir / METRICS).exists():
+        copy_file(workdir / METRICS, self._local / METRICS)
+    self._local.mkdir(parents=True, exist_ok=True)
+    self._jsonl = open(self._local / METRICS, "a", encoding="utf-8")
     try:
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(str(workdir / "tensorboard"))
+      self._tb = SummaryWriter(os.fspath(self._local / TENSORBOARD))
     except ImportError:  # TensorBoard output is optional
       self._tb = None
 
@@ -86,15 +102,16 @@ class MetricWriter:
     if self._tb is not None:
       for name, value in scalars.items():
         self._tb.add_scalar(f"{split}/{name}", value, step)
+    if self._remote is not None:
+      if self._tb is not None:
+        self._tb.flush()
+      copy_tree(self._local, self._remote)
 
   def close(self) -> None:
     if self.enabled:
       self._jsonl.close()
       if self._tb is not None:
         self._tb.close()
-
-
-def read_metrics(workdir: str | pathlib.Path) -> list[dict[str, Any]]:
-  """The JSONL records written by MetricWriter."""
-  path = pathlib.Path(workdir) / "metrics.jsonl"
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+      if self._remote is not None:
+        copy_tree(self._local, self._remote)
+        self._staging.cleanup()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from typing import Any, Callable
 
 import grain
@@ -16,6 +15,7 @@ from jaxencoder.data import fetch as fetch_lib
 from jaxencoder.data import mlm as mlm_lib
 from jaxencoder.data import pipeline, sources
 from jaxencoder.data.readers import DataError
+from jaxencoder.io.paths import as_path
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
 
 TEXT_KINDS = ("text_corpus", "text_classification", "tagged_tokens")
@@ -62,7 +62,7 @@ def resolve_source(data_cfg) -> str:
 
 def open_splits(data_cfg, name: str) -> tuple[Any, Any]:
   """(train source, eval source): `eval_split`, or every `holdout_every`-th train example."""
-  tfds_dir = pathlib.Path(data_cfg.data_dir) / "tfds"
+  tfds_dir = as_path(data_cfg.data_dir) / "tfds"
   train = sources.open_source(name, "train", tfds_dir)
   if data_cfg.eval_split:
     return train, sources.open_source(name, data_cfg.eval_split, tfds_dir)
@@ -75,7 +75,7 @@ def _num_classes(data_cfg, name: str) -> int | None:
   feature = {"tagged_tokens": "tags", "text_corpus": None}.get(data_cfg.kind, "label")
   if feature is None:
     return None
-  tfds_dir = pathlib.Path(data_cfg.data_dir) / "tfds"
+  tfds_dir = as_path(data_cfg.data_dir) / "tfds"
   return len(sources.label_names(name, tfds_dir, feature=feature))
 
 
