@@ -182,10 +182,31 @@ DAMAGE = {
 }
 
 
+TRAIN_IN_SUBPROCESS = """
+import sys
+sys.path.insert(0, {tests!r})
+import pathlib, test_faults
+from jaxencoder.train import loop
+config = test_faults.short_config((pathlib.Path({root!r}), {source!r}, pathlib.Path({vocab!r})),
+                                  steps={steps})
+loop.train_and_evaluate(config, {workdir!r})
+"""
+
+
+def train_elsewhere(corpus, workdir, steps):
+  """Trains in another process: tensorstore caches what this process wrote, so a restore
+  here would read the cache, not the damaged files (a new process, as on resume, reads disk)."""
+  root, source, vocab = corpus
+  code = TRAIN_IN_SUBPROCESS.format(tests=str(REPO / "tests"), root=str(root), source=source,
+                                    vocab=str(vocab), steps=steps, workdir=str(workdir))
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+
+
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_step(corpus, tmp_path, damage,
                                                                      caplog):
-  loop.train_and_evaluate(short_config(corpus, steps=4), tmp_path)  # saves steps 2 and 4
+  train_elsewhere(corpus, tmp_path, steps=4)  # saves steps 2 and 4
   DAMAGE[damage](tmp_path / "checkpoints" / "4")
   with caplog.at_level("INFO", logger="jaxencoder"):
     loop.train_and_evaluate(short_config(corpus, steps=6), tmp_path)

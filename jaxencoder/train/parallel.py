@@ -70,7 +70,10 @@ class PmapStepper:
     return state, jax.tree.map(lambda x: x[0], sums)  # identical on every device
 
   def canonical(self, state):
-    return jax.device_put(jax.tree.map(lambda x: x[0], state), self.shardings)
+    # Through the host: replicas are identical, and a device-side x[0] of every leaf is
+    # one dispatch per leaf (it aborted XLA:CPU once under a loaded 8-device test run).
+    host = jax.device_get(state)
+    return jax.device_put(jax.tree.map(lambda x: x[0], host), self.shardings)
 
   def from_canonical(self, state):
     host = jax.device_get(state)
