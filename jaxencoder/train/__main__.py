@@ -64,7 +64,8 @@ def parse_args(argv):
 
 
 def main(argv=None) -> None:
-  logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+  logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s",
+                      force=True)  # absl, imported on the way, has set up a handler
   logging.getLogger("jaxencoder").setLevel(logging.INFO)
   quiet_library_logs()
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
