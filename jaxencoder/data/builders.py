@@ -10,13 +10,21 @@ Kinds (tfds builder names) and their features:
 One `prepare(kind, source, data_dir, name=...)` call writes
 `data_dir/<kind>/<name>/1.0.0/`; read it back with `sources.open_source`.
 `source` and `data_dir` may be gs:// URLs (see `prepare`).
+CSV / TSV files need a header row naming the columns (`readers.Columns`).
 Label sets: a `labels.txt` (one per line) next to the files fixes the set and
 order (unknown labels then raise); otherwise it is the sorted set seen.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import pathlib
 import tempfile
 
 import numpy as np
@@ -26,24 +34,49 @@ from etils import epath
 from jaxencoder.data import readers
 from jaxencoder.io import paths
 
+log = logging.getLogger("jaxencoder")
+
 VERSION = "1.0.0"
+FINGERPRINT = "fingerprint.json"  # beside dataset_info.json: what the dataset was built from
+NEW = "not prepared yet"  # `stale`'s reason when there is no dataset at all
 _F = tfds.features
+_CHUNK = 16 * 2**20  # bytes per read when hashing
 
 
 @dataclasses.dataclass
 class SourceConfig(tfds.core.BuilderConfig):
-  """`name` names the prepared dataset; `source` is the file or directory to read."""
+  """`name` names the prepared dataset; `source` is the file or directory to read.
+
+  The other fields are the options that shape the output (all fingerprinted).
+  """
   source: str = ""
   pattern: str = "*.txt"    # text_corpus: which files
   unit: str = "paragraph"   # text_corpus: paragraph | line | file
-  encoding: str = "utf-8"   # text_corpus: e.g. latin-1 for the Gutenberg Shakespeare
+  encoding: str = "utf-8"   # every text reader: e.g. latin-1 for the Gutenberg Shakespeare
+  text_column: str | None = None    # text_classification: see readers.Columns
+  text_b_column: str | None = None
+  label_column: str = "label"
+  header: bool = True
+
+  def columns(self) -> readers.Columns:
+    return readers.Columns(self.text_column, self.text_b_column, self.label_column, self.header)
+
+  def options(self) -> dict:
+    base = {f.name for f in dataclasses.fields(tfds.core.BuilderConfig)} | {"source"}
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if f.name not in base}
 
 
-def _label_set(source: str, seen) -> list[str]:
+def _label_files(source: str) -> list[epath.Path]:
   src = epath.Path(source)
   labels_file = (src if src.is_dir() else src.parent) / "labels.txt"
-  if labels_file.exists():
-    return [l.strip() for l in labels_file.read_text().splitlines() if l.strip()]
+  return [labels_file] if labels_file.exists() else []
+
+
+def _label_set(cfg: SourceConfig, seen) -> list[str]:
+  for labels_file in _label_files(cfg.source):
+    text = readers.read_text(labels_file, cfg.encoding)
+    return [l.strip() for l in text.splitlines() if l.strip()]
   return sorted(set(seen()))
 
 
@@ -56,8 +89,18 @@ class _Builder(tfds.core.GeneratorBasedBuilder):
   def cfg(self) -> SourceConfig:
     return self.builder_config
 
+  @classmethod
+  def files(cls, cfg: SourceConfig) -> dict[str, list[epath.Path]]:
+    """{split: files}; errors when there are none."""
+    return readers.files_by_split(cfg.source, cls.SUFFIXES)
+
+  @classmethod
+  def inputs(cls, cfg: SourceConfig) -> list[epath.Path]:
+    """Every file the dataset is built from (what `fingerprint` hashes)."""
+    return [f for fs in cls.files(cfg).values() for f in fs]
+
   def _groups(self):
-    return readers.files_by_split(self.cfg.source, self.SUFFIXES)
+    return self.files(self.cfg)
 
   def _split_generators(self, dl_manager):
     return {split: self._generate_examples(files) for split, files in self._groups().items()}
@@ -70,10 +113,11 @@ class _Builder(tfds.core.GeneratorBasedBuilder):
 class TextCorpus(_Builder):
   """Documents (paragraphs by default) from a directory of text files."""
 
-  def _groups(self):
-    files = readers.find_files(self.cfg.source, readers.matching(self.cfg.pattern))
+  @classmethod
+  def files(cls, cfg):
+    files = readers.find_files(cfg.source, readers.matching(cfg.pattern))
     if not files:
-      raise readers.DataError(f"{self.cfg.source}: no files match {self.cfg.pattern}")
+      raise readers.DataError(f"{cfg.source}: no files match {cfg.pattern}")
     return {"train": files}
 
   def _info(self):
@@ -88,10 +132,18 @@ class TextCorpus(_Builder):
 class TextClassification(_Builder):
   SUFFIXES = (".csv", ".tsv")
 
+  @classmethod
+  def inputs(cls, cfg):
+    return super().inputs(cfg) + _label_files(cfg.source)
+
+  def _read(self, f, labels=None):
+    return readers.read_classification(f, labels, encoding=self.cfg.encoding,
+                                       columns=self.cfg.columns())
+
   def _labels(self):
     seen = lambda: (r["label"] for fs in self._groups().values() for f in fs
-                    for r in readers.read_classification(f))
-    return _label_set(self.cfg.source, seen)
+                    for r in self._read(f))
+    return _label_set(self.cfg, seen)
 
   def _info(self):
     return self._make_info({"text": _F.Text(), "text_b": _F.Text(),
@@ -100,17 +152,22 @@ class TextClassification(_Builder):
   def _generate_examples(self, files):
     labels = self.info.features["label"].names
     for f in files:
-      for no, row in enumerate(readers.read_classification(f, labels)):
+      for no, row in enumerate(self._read(f, labels)):
         yield f"{f}:{no}", row
 
 
 class TaggedTokens(_Builder):
   SUFFIXES = (".txt", ".conllu")
 
+  @classmethod
+  def inputs(cls, cfg):
+    return super().inputs(cfg) + _label_files(cfg.source)
+
   def _tags(self):
     seen = lambda: (t for fs in self._groups().values() for f in fs
-                    for s in readers.read_tagged(f) for t in s["tags"])
-    return _label_set(self.cfg.source, seen)
+                    for s in readers.read_tagged(f, encoding=self.cfg.encoding)
+                    for t in s["tags"])
+    return _label_set(self.cfg, seen)
 
   def _info(self):
     return self._make_info({"words": _F.Sequence(_F.Text()),
@@ -120,12 +177,13 @@ class TaggedTokens(_Builder):
   def _generate_examples(self, files):
     tags = self.info.features["tags"].feature.names
     for f in files:
-      for sent in readers.read_tagged(f, tags):
+      for sent in readers.read_tagged(f, tags, encoding=self.cfg.encoding):
         yield sent["origin"], sent
 
 
 class ImageArrays(_Builder):
   """Images + integer labels from idx(.gz) pairs (MNIST / Fashion-MNIST) or .npz."""
+  SUFFIXES = readers.IMAGE_SUFFIXES
 
   def _pairs(self):
     if not hasattr(self, "_cache"):
@@ -158,7 +216,8 @@ class TimeSeries(_Builder):
 
   def _read(self):
     if not hasattr(self, "_cache"):
-      self._cache = {f: readers.read_ts(f) for fs in self._groups().values() for f in fs}
+      self._cache = {f: readers.read_ts(f, self.cfg.encoding)
+                     for fs in self._groups().values() for f in fs}
     return self._cache
 
   def _info(self):
@@ -189,32 +248,118 @@ def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bo
             **options) -> epath.Path:
   """Parses `source` with builder `kind` into `data_dir/kind/name/1.0.0` (array_record).
 
-  Either may be a gs:// URL. With a gs:// data_dir the dataset is built in a local
-  temporary folder and uploaded, dataset_info.json last (it marks the dataset
-  complete; a complete one is not built again): tfds would rename its temporary
-  folder, which on Cloud Storage is a copy and a delete of every object.
+  Re-running is cheap and safe: the dataset's fingerprint.json (sha256 of every input
+  file, and the options) is compared with the sources; the same gives "up to date"
+  and the dataset as is, any change a rebuild (`overwrite`: always). The new dataset
+  is built in a temporary folder and replaces the old one only when complete, so a
+  failed rebuild keeps the old one (and its now stale fingerprint: the next run retries).
+  Either path may be a gs:// URL: the dataset is built locally and uploaded,
+  dataset_info.json last (it marks the dataset complete).
   """
   if kind not in BUILDERS:
     raise ValueError(f"unknown kind {kind!r}; choose from {sorted(BUILDERS)}")
-  out = paths.as_path(data_dir) / kind / name / VERSION
-  if overwrite and out.exists():
-    out.rmtree()
-  if not paths.is_url(data_dir):
-    return _build(kind, source, data_dir, name, options)
-  if (out / "dataset_info.json").exists():
-    return out
-  with tempfile.TemporaryDirectory() as tmp:
-    built = _build(kind, source, tmp, name, options)
-    return paths.copy_tree(built, out, last="dataset_info.json")
-
-
-def _build(kind: str, source, data_dir, name: str, options) -> epath.Path:
   config = SourceConfig(name=name, source=str(source), **options)
-  builder = BUILDERS[kind](data_dir=str(data_dir), config=config, file_format="array_record")
-  tfds.disable_progress_bar()
-  builder.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  out = paths.as_path(data_dir) / kind / name / VERSION
+  stamp = fingerprint(kind, config)
+  reason = "overwrite requested" if overwrite else stale(out, stamp)
+  if reason is None:
+    log.info("%s/%s: up to date (sources unchanged)", kind, name)
+    return out
+  log.info("%s/%s: %s", kind, name, f"preparing from {source}" if reason == NEW
+           else f"{reason}: rebuilding")
+  staging = None if paths.is_url(data_dir) else paths.as_path(data_dir)
+  if staging is not None:
+    paths.make_dirs(staging)  # same file system as `out`: the swap is two renames
+  with tempfile.TemporaryDirectory(dir=staging, prefix=".prepare-") as tmp:
+    built = _build(kind, config, tmp)
+    (built / FINGERPRINT).write_text(json.dumps(stamp, indent=1) + "\n")
+    _replace(out, built, trash=pathlib.Path(tmp) / "replaced")
+  return out
+
+
+def fingerprint(kind: str, config: SourceConfig) -> dict:
+  """What a dataset is built from: builder, options, and each input file's sha256."""
+  root = str(config.source).rstrip("/")
+  def name(f):
+    return str(f)[len(root) + 1:] if str(f).startswith(root + "/") else f.name
+  return {"kind": kind, "version": VERSION, "options": config.options(),
+          "files": {name(f): _sha256(f) for f in BUILDERS[kind].inputs(config)}}
+
+
+def stale(out: epath.Path, stamp: dict) -> str | None:
+  """Why the dataset at `out` does not match `stamp` (None: it does)."""
+  if not (out / "dataset_info.json").exists():
+    return "incomplete" if out.exists() else NEW
+  if not (out / FINGERPRINT).exists():
+    return "no fingerprint (prepared by an older jaxencoder)"
+  try:
+    old = json.loads((out / FINGERPRINT).read_text())
+  except ValueError:
+    return "unreadable fingerprint"
+  files, new_files = old.get("files", {}), stamp["files"]
+  changed = sorted(k for k in files.keys() | new_files.keys() if files.get(k) != new_files.get(k))
+  if changed:
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return f"sources changed ({', '.join(changed[:3])}{more})"
+  options, new_options = old.get("options", {}), stamp["options"]
+  changed = [f"{k}: {options.get(k)!r} -> {v!r}" for k, v in new_options.items()
+             if options.get(k) != v]
+  return f"options changed ({'; '.join(changed)})" if changed else None
+
+
+def _sha256(path) -> str:
+  digest = hashlib.sha256()
+  with epath.Path(path).open("rb") as f:
+    while chunk := f.read(_CHUNK):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def _replace(out: epath.Path, built: epath.Path, trash: pathlib.Path) -> None:
+  """Puts the complete dataset `built` at `out`, in place of any old one.
+
+  Locally two renames. On Cloud Storage a rename is a copy and a delete of every
+  object, so the old objects go (dataset_info.json first: incomplete from then on)
+  and the new ones are uploaded, dataset_info.json last.
+  """
+  if paths.is_url(out):
+    if out.exists():
+      (out / "dataset_info.json").unlink(missing_ok=True)
+      out.rmtree()
+    paths.copy_tree(built, out, last="dataset_info.json")
+    return
+  paths.make_dirs(out.parent)
+  if out.exists():
+    out.rename(trash)
+  built.rename(out)
+
+
+def _build(kind: str, config: SourceConfig, data_dir) -> epath.Path:
+  with _quiet_tfds():
+    builder = BUILDERS[kind](data_dir=str(data_dir), config=config, file_format="array_record")
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   return paths.as_path(builder.data_dir)
+
+
+@contextlib.contextmanager
+def _quiet_tfds():
+  """Hides tfds lines meant for web downloads: "Using custom data configuration" (every
+  config here is custom) and "Downloading and preparing dataset Unknown size ..." /
+  "... Subsequent calls will reuse this data" (nothing is downloaded; `prepare` logs
+  what it does instead). JAXENCODER_VERBOSE=1 keeps them."""
+  if os.environ.get("JAXENCODER_VERBOSE"):
+    yield
+    return
+  tfds.disable_progress_bar()
+  absl = logging.getLogger("absl")
+  drop = lambda record: not str(record.msg).startswith("Using custom data configuration")
+  absl.addFilter(drop)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      yield
+  finally:
+    absl.removeFilter(drop)
 
 
 # Fetchable sources (jaxencoder.data.fetch) and how to prepare them.

