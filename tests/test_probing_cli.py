@@ -181,3 +181,17 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(model):
   with pytest.raises(ValueError, match=rf"tokenizer has {tok.vocab_size} tokens but the "
                                        rf"model's vocabulary has {tok.vocab_size - 1}"):
     features.extract(small, params, tok, tagged_dataset([3, 4]))
+
+
+def test_read_dataset_takes_csv_columns_by_name_or_a_headerless_file(tmp_path):
+  named = tmp_path / "named.csv"
+  named.write_text("sentence,sentiment\nthe cat,pos\na dog,neg\n")
+  with pytest.raises(ValueError, match=r"named.csv:1: header 'sentence,sentiment' has no column"):
+    features.read_dataset(named)
+  from jaxencoder.data import readers
+  dataset = features.read_dataset(named, columns=readers.Columns(label="sentiment"))
+  assert dataset.sentences == ["the cat", "a dog"] and dataset.labels == ["pos", "neg"]
+  bare = tmp_path / "bare.csv"
+  bare.write_text("the cat,pos\na dog,neg\n")
+  dataset = features.read_dataset(bare, columns=readers.Columns(header=False))
+  assert dataset.sentences == ["the cat", "a dog"] and dataset.labels == ["pos", "neg"]

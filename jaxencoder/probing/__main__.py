@@ -20,6 +20,7 @@ import tempfile
 import numpy as np
 
 from jaxencoder import cli
+from jaxencoder.data import readers
 from jaxencoder.io import paths
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features, probes, representation, study
@@ -60,6 +61,10 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--tokenizer", help="override the tokenizer (vocab.txt / tokenizer.json)")
   p.add_argument("--pool", help="word: first|mean; sentence: cls|mean")
   p.add_argument("--max-sentences", type=int)
+  p.add_argument("--label-column", default="label", help="CSV/TSV: the label column's name")
+  p.add_argument("--text-column", help="CSV/TSV: the text column's name (default: text)")
+  p.add_argument("--no-header", action="store_true",
+                 help="CSV/TSV without a header row: text,label per line")
   p.add_argument("--max-length", type=int, default=128)
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--stream", action="store_true", help="features as per-layer .npy memmaps")
@@ -98,7 +103,10 @@ def probe(args: argparse.Namespace) -> dict:
       cfg, params, tokenizer = load_checkpoint(args.checkpoint, local(args.tokenizer))
     else:
       cfg, params, tokenizer = load_pretrained(local(args.pretrained), local(args.tokenizer))
-    dataset = features.read_dataset(local(args.data), max_sentences=args.max_sentences)
+    columns = readers.Columns(text=args.text_column, label=args.label_column,
+                              header=not args.no_header)
+    dataset = features.read_dataset(local(args.data), max_sentences=args.max_sentences,
+                                    columns=columns)
     out = paths.as_path(args.out)
     out_local = stack.enter_context(tempfile.TemporaryDirectory()) if paths.is_url(out) else out
     rep = study.run(cfg, params, tokenizer, dataset, out_local, options_from(args),

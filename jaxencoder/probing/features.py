@@ -47,11 +47,14 @@ class Features:
   info: dict  # buckets, compiles, dropped (truncated) words …
 
 
-def read_dataset(path, *, max_sentences: int | None = None) -> Dataset:
-  """`.csv`/`.tsv` → sentence labels; anything else (`word/TAG`, `.conllu`) → word tags."""
+def read_dataset(path, *, max_sentences: int | None = None,
+                 columns: readers.Columns | None = None) -> Dataset:
+  """`.csv`/`.tsv` → sentence labels (columns by header name, see readers.Columns);
+  anything else (`word/TAG`, `.conllu`) → word tags."""
   path = pathlib.Path(path)
   if path.suffix.lower() in (".csv", ".tsv"):
-    rows = list(readers.read_classification(path))[:max_sentences]
+    rows = list(readers.read_classification(path, columns=columns or readers.Columns()))
+    rows = rows[:max_sentences]
     return Dataset("sentence", [r["text"] for r in rows], [r["label"] for r in rows])
   rows = list(readers.read_tagged(path))[:max_sentences]
   return Dataset("word", [r["words"] for r in rows], [r["tags"] for r in rows])
