@@ -100,10 +100,13 @@ class RunDir:
       raise FileNotFoundError(f"{self.checkpoint_dir}: no step {step}; steps: {found}")
     return step
 
-  # -- what a checkpoint holds
+  # -- what a checkpoint holds. Public methods resolve `step` (default: the latest) once;
+  # the private ones take a resolved step, so one call lists the directory once.
   def read_config(self, step: int | None = None) -> dict[str, Any]:
     """The JSON config saved with `step` (default: latest); {} if none was saved."""
-    step = self._step(step)
+    return self._config(self._step(step))
+
+  def _config(self, step: int) -> dict[str, Any]:
     manager = _reader(self.checkpoint_dir, {CONFIG: ocp.JsonCheckpointHandler()})
     try:
       if CONFIG not in (manager.metadata(step).item_handlers or {}):
@@ -115,15 +118,20 @@ class RunDir:
 
   def model_config(self, step: int | None = None) -> EncoderConfig:
     """The EncoderConfig stored with the checkpoint (its config's `model` section)."""
-    model = self.read_config(step).get("model")
+    return self._model_config(self._step(step))
+
+  def _model_config(self, step: int) -> EncoderConfig:
+    model = self._config(step).get("model")
     if not model:
-      raise ValueError(f"{self.checkpoint_dir}: step {self._step(step)} has no config with a "
-                       "'model' section")
+      raise ValueError(f"{self.checkpoint_dir}: step {step} has no config with a 'model' "
+                       "section")
     return EncoderConfig.from_dict(model)
 
   def param_names(self, step: int | None = None) -> set[str]:
     """Top-level names under the saved state's params (e.g. {'encoder', 'mlm_head'})."""
-    step = self._step(step)
+    return self._param_names(self._step(step))
+
+  def _param_names(self, step: int) -> set[str]:
     manager = _reader(self.checkpoint_dir, {STATE: ocp.PyTreeCheckpointHandler()})
     try:
       tree = manager.item_metadata(step)[STATE].tree
@@ -140,13 +148,18 @@ class RunDir:
     device. The saved layout (loop or scan) is converted to the target's, and a
     param whose shape differs raises naming it and both shapes.
     """
-    stored = self.model_config(step)
+    step = self._step(step)
+    return self._restore_encoder(step, self._model_config(step), abstract, scan_layers)
+
+  def _restore_encoder(self, step: int, stored: EncoderConfig, abstract: Params | None,
+                       scan_layers: bool | None) -> Params:
     target_scanned = _is_scanned(abstract) if abstract is not None else (
         stored.scan_layers if scan_layers is None else scan_layers)
-    saved = abstract_params(stored)[ENCODER]
     if abstract is not None and target_scanned == stored.scan_layers:
       saved = abstract  # restore straight into the caller's shardings
-    params = restore_params_only(self.checkpoint_dir, saved, step=self._step(step))
+    else:
+      saved = abstract_params(stored)[ENCODER]
+    params = restore_params_only(self.checkpoint_dir, saved, step=step)
     if target_scanned != stored.scan_layers:
       params = loop_to_scan(params) if target_scanned else scan_to_loop(params)
       if abstract is not None:
@@ -155,12 +168,13 @@ class RunDir:
 
   def restore_params(self, step: int | None = None) -> tuple[EncoderConfig, Params]:
     """(cfg, params): Encoder params, or {"encoder", "mlm_head"} when the MLM head was saved."""
-    cfg = self.model_config(step)
-    encoder = self.restore_encoder(step=step)
-    if MLM_HEAD not in self.param_names(step):
+    step = self._step(step)
+    cfg = self._model_config(step)
+    encoder = self._restore_encoder(step, cfg, None, None)
+    if MLM_HEAD not in self._param_names(step):
       return cfg, encoder
     head = restore_params_only(self.checkpoint_dir, abstract_params(cfg)[MLM_HEAD],
-                               subtree=("params", MLM_HEAD), step=self._step(step))
+                               subtree=("params", MLM_HEAD), step=step)
     return cfg, {ENCODER: encoder, MLM_HEAD: head}
 
   def tokenizer_path(self) -> epath.Path | str | None:
@@ -205,11 +219,12 @@ def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
   return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def abstract_params(cfg: EncoderConfig) -> Params:
-  """ShapeDtypeStructs (on the first device) of EncoderForMaskedLM's params:
-  {"encoder": ..., "mlm_head": ...}, unboxed."""
+def abstract_params(cfg: EncoderConfig, model: nn.Module | None = None) -> Params:
+  """Unboxed ShapeDtypeStructs (on the first device) of a text model's params: restore
+  targets. Default model: EncoderForMaskedLM ({"encoder": ..., "mlm_head": ...})."""
+  model = EncoderForMaskedLM(cfg) if model is None else model
   ids_BxL = jnp.zeros((1, 8), jnp.int32)
-  shapes = jax.eval_shape(EncoderForMaskedLM(cfg).init, jax.random.key(0), ids_BxL)["params"]
+  shapes = jax.eval_shape(model.init, jax.random.key(0), ids_BxL)["params"]
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                       nn.meta.unbox(shapes))

@@ -30,7 +30,6 @@ _OPTIONAL_MODEL_FIELDS = {"head_dim": int, "mlp_dim": int, "sliding_window": int
 RUNTIME_MODEL_FIELDS = ("attention_impl", "dropout_rate", "attention_dropout_rate",
                         "mlp_dropout_rate", "initializer_range", "scan_layers",
                         "remat_policy", "dtype", "param_dtype", "check_ids")
-TEXT_KINDS = ("text_corpus", "text_classification", "tagged_tokens")
 
 
 def model_config(cfg: EncoderConfig) -> ml_collections.ConfigDict:
@@ -173,6 +172,7 @@ def adopt_init_from_model(config: ml_collections.ConfigDict) -> list[str]:
   if not config.init_from:
     return []
   from jaxencoder.io.run_dir import RunDir  # orbax: only when a checkpoint is read
+  from jaxencoder.train.pipelines import TEXT_KINDS
   source = RunDir.open(config.init_from)
   stored = source.model_config().to_dict()
   keep = set(RUNTIME_MODEL_FIELDS) | set(config.model_overrides)

@@ -289,7 +289,6 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
       eval_metrics = evaluate(run, eval_step, signals)
       if eval_metrics is None:  # a signal during eval: save this step without its metrics
         stop = save_now = True
-        run.state = stepper.canonical(state)
       else:
         run.writer.write(done, "eval", eval_metrics)
         log.info("step %d eval %s", done, _fmt(eval_metrics))

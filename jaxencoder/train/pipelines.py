@@ -97,12 +97,19 @@ def check_sizes(data_cfg, name: str, train, eval_) -> None:
                     "nothing to evaluate")
 
 
-def _num_classes(data_cfg, name: str) -> int | None:
+def label_names(data_cfg, name: str) -> list[str] | None:
+  """Class names of a prepared dataset's labels (tags for tagged_tokens); None for
+  unlabelled kinds (text_corpus)."""
   feature = {"tagged_tokens": "tags", "text_corpus": None}.get(data_cfg.kind, "label")
   if feature is None:
     return None
   tfds_dir = as_path(data_cfg.data_dir) / "tfds"
-  return len(sources.label_names(name, tfds_dir, feature=feature))
+  return sources.label_names(name, tfds_dir, feature=feature)
+
+
+def _num_classes(data_cfg, name: str) -> int | None:
+  names = label_names(data_cfg, name)
+  return None if names is None else len(names)
 
 
 def id_limits(model_cfg) -> dict[str, tuple[int, str]]:

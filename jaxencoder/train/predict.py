@@ -17,16 +17,16 @@ import dataclasses
 import pathlib
 
 import flax.linen as nn
-import jax
-import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from jaxencoder import cli
 from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import ENCODER, Encoder
 from jaxencoder.io.checkpoint import restore_params_only
-from jaxencoder.io.run_dir import RunDir
+from jaxencoder.io.run_dir import RunDir, abstract_params
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
+from jaxencoder.train import pipelines
 from jaxencoder.train.tasks import make_task
 
 BATCH = 32
@@ -53,12 +53,8 @@ def load(run_path, step: int | None = None) -> Predictor:
   names = _label_names(config)
   task = make_task(config["task"], cfg, num_classes=len(names) if names else config["num_classes"],
                    projection_dim=config["projection_dim"])
-  ids_BxL = jnp.zeros((1, 8), jnp.int32)
-  shapes = jax.eval_shape(task.model.init, jax.random.key(0), ids_BxL)["params"]
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-                          nn.meta.unbox(shapes))
-  params = restore_params_only(run.checkpoint_dir, abstract, subtree=("params",),
+  params = restore_params_only(run.checkpoint_dir, abstract_params(cfg, task.model),
+                               subtree=("params",),
                                step=step if step is not None else run.latest_step())
   tokenizer = Tokenizer.from_file(run.tokenizer_path() or default_tokenizer_path())
   seq_len = min(config["data"]["seq_len"], cfg.max_len)
@@ -67,14 +63,9 @@ def load(run_path, step: int | None = None) -> Predictor:
 
 def _label_names(config: dict) -> list[str] | None:
   """Class names from the run's prepared dataset, if it can still be opened."""
-  data = config["data"]
-  feature = {"text_classification": "label", "tagged_tokens": "tags"}.get(data["kind"])
-  if feature is None:
-    return None
+  data = ml_collections.ConfigDict(config["data"])
   try:
-    from jaxencoder.data import sources
-    return sources.label_names(data["source"], pathlib.Path(data["data_dir"]) / "tfds",
-                               feature=feature)
+    return pipelines.label_names(data, data.source)
   except Exception:  # the dataset moved or was deleted: fall back to indices
     return None
 
