@@ -234,3 +234,17 @@ def test_prepare_is_quiet_and_the_cli_says_up_to_date_on_a_second_run(tmp_path, 
   assert result.returncode == 0, result.stderr
   assert result.stderr.strip() == "text_classification/q: up to date (sources unchanged)"
   assert result.stdout.strip().endswith("tfds/text_classification/q/1.0.0")
+
+
+def test_example_order_does_not_depend_on_where_the_source_lies(tmp_path):
+  from jaxencoder.data import sources
+  texts = "\n\n".join(f"sentence number {i} about cats" for i in range(40)) + "\n"
+  orders = []
+  for where in ("a/deep/place", "b"):
+    src = tmp_path / where / "src"
+    src.mkdir(parents=True)
+    (src / "x.txt").write_text(texts)
+    builders.prepare("text_corpus", src, tmp_path / where / "tfds", name="c")
+    source = sources.open_source("text_corpus/c", "train", tmp_path / where / "tfds")
+    orders.append([source[i]["text"] for i in range(len(source))])
+  assert orders[0] == orders[1]

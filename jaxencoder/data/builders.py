@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -37,6 +38,7 @@ from jaxencoder.io import paths
 log = logging.getLogger("jaxencoder")
 
 VERSION = "1.0.0"
+KEYS = "relative to the source"  # how examples are keyed (see _Builder._key)
 FINGERPRINT = "fingerprint.json"  # beside dataset_info.json: what the dataset was built from
 NEW = "not prepared yet"  # `stale`'s reason when there is no dataset at all
 _F = tfds.features
@@ -102,6 +104,16 @@ class _Builder(tfds.core.GeneratorBasedBuilder):
   def _groups(self):
     return self.files(self.cfg)
 
+  def _key(self, origin: str) -> str:
+    """An example's key: its origin relative to the source (its folder, for one file), so
+    that the (key-hashed) example order does not depend on where the source lies."""
+    return relative_to(origin, self._key_root)
+
+  @functools.cached_property
+  def _key_root(self) -> str:
+    source = epath.Path(self.cfg.source)
+    return str(source if source.is_dir() else source.parent)
+
   def _split_generators(self, dl_manager):
     return {split: self._generate_examples(files) for split, files in self._groups().items()}
 
@@ -126,7 +138,7 @@ class TextCorpus(_Builder):
   def _generate_examples(self, files):
     for f in files:
       for doc in readers.read_documents(f, unit=self.cfg.unit, encoding=self.cfg.encoding):
-        yield doc["origin"], doc
+        yield self._key(doc["origin"]), doc
 
 
 class TextClassification(_Builder):
@@ -153,7 +165,7 @@ class TextClassification(_Builder):
     labels = self.info.features["label"].names
     for f in files:
       for no, row in enumerate(self._read(f, labels)):
-        yield f"{f}:{no}", row
+        yield self._key(f"{f}:{no}"), row
 
 
 class TaggedTokens(_Builder):
@@ -178,7 +190,7 @@ class TaggedTokens(_Builder):
     tags = self.info.features["tags"].feature.names
     for f in files:
       for sent in readers.read_tagged(f, tags, encoding=self.cfg.encoding):
-        yield sent["origin"], sent
+        yield self._key(sent["origin"]), sent
 
 
 class ImageArrays(_Builder):
@@ -236,7 +248,7 @@ class TimeSeries(_Builder):
       for ex in self._read()[f][1]:
         if ex["label"] not in names:
           raise readers.DataError(f"{ex['origin']}: label {ex['label']!r} not in {names}")
-        yield ex["origin"], ex
+        yield self._key(ex["origin"]), ex
 
 
 BUILDERS = {"text_corpus": TextCorpus, "text_classification": TextClassification,
@@ -279,11 +291,18 @@ def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bo
 
 def fingerprint(kind: str, config: SourceConfig) -> dict:
   """What a dataset is built from: builder, options, and each input file's sha256."""
-  root = str(config.source).rstrip("/")
-  def name(f):
-    return str(f)[len(root) + 1:] if str(f).startswith(root + "/") else f.name
-  return {"kind": kind, "version": VERSION, "options": config.options(),
-          "files": {name(f): _sha256(f) for f in BUILDERS[kind].inputs(config)}}
+  return {"kind": kind, "version": VERSION, "keys": KEYS, "options": config.options(),
+          "files": {relative_to(f, config.source, fallback=epath.Path(f).name): _sha256(f)
+                    for f in BUILDERS[kind].inputs(config)}}
+
+
+def relative_to(path, root, fallback: str | None = None) -> str:
+  """`path` (a file, or "file:line") without the `root/` prefix; else `fallback` (default:
+  `path` itself)."""
+  text, root = str(path), str(root).rstrip("/")
+  if text.startswith(root + "/"):
+    return text[len(root) + 1:]
+  return text if fallback is None else fallback
 
 
 def stale(out: epath.Path, stamp: dict) -> str | None:
@@ -304,7 +323,11 @@ def stale(out: epath.Path, stamp: dict) -> str | None:
   options, new_options = old.get("options", {}), stamp["options"]
   changed = [f"{k}: {options.get(k)!r} -> {v!r}" for k, v in new_options.items()
              if options.get(k) != v]
-  return f"options changed ({'; '.join(changed)})" if changed else None
+  if changed:
+    return f"options changed ({'; '.join(changed)})"
+  if old.get("keys") != stamp["keys"]:
+    return "example keys changed (prepared by an older jaxencoder)"
+  return None
 
 
 def _sha256(path) -> str:
