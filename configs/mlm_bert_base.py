@@ -17,7 +17,7 @@ def get_config():
   config = base_config()
   config.model = model_config(EncoderConfig.preset(
       "base", vocab_size=30522, dtype="bfloat16", scan_layers=True,
-      remat_policy="save_dots", attention_impl="fused", attention_dropout_rate=0.0))
+      remat_policy="save_dots", attention_impl="auto", attention_dropout_rate=0.0))
   config.data.source = "text_corpus/default"
   config.data.seq_len = 512
   config.data.packing = "pack"

@@ -1,7 +1,9 @@
-"""Multi-head self-attention with three interchangeable implementations.
+"""Multi-head self-attention with interchangeable implementations.
 
-- `xla`: the einsum reference; the only one that can return attention weights.
-- `fused`: `jax.nn.dot_product_attention` (cuDNN flash attention on GPU).
+- `auto` (default): `cudnn` on GPU, `splash` on TPU, `xla` elsewhere (see flash.py).
+- `xla`: the einsum reference; the only one that returns attention weights or drops them.
+- `cudnn`, `splash`: flash kernels (flash.py); a call they cannot serve runs `xla`.
+- `fused`: `jax.nn.dot_product_attention` with JAX's default implementation (XLA).
 - `linear`: elu(x)+1 feature maps (Katharopoulos et al. 2020), O(L) in length.
 """
 
@@ -12,6 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.flash import (AttentionPlan, cudnn_attention, padded_segment_ids,
+                              plan_attention, splash_attention)
 from jaxencoder.layers import dense, take_rows
 from jaxencoder.positions import apply_rope
 
@@ -51,19 +55,34 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL, positions_BxL,
                *, deterministic: bool, output_attentions: bool = False,
-               query_rows_BxQ=None):
+               query_rows_BxQ=None, segment_ids_BxL=None, plan: AttentionPlan | None = None):
     """Attends from every position, or only from `query_rows_BxQ` (then L below reads Q
-    for the queries and the output is [B, Q, D]; keys and values still span all L)."""
+    for the queries and the output is [B, Q, D]; keys and values still span all L).
+
+    `plan` (from flash.plan_attention; made here when None) says which implementation
+    runs. The flash kernels read padding from `key_mask_BxL` and packed rows from
+    `segment_ids_BxL`; only `xla` and `fused` read `mask_Bx1xLxL`.
+    """
     cfg = self.cfg
     heads = (cfg.num_heads, cfg.resolved_head_dim)
     proj = lambda name: dense(cfg, heads, kernel_axes=("embed", "heads", "kv"), name=name)
+    dropout_active = not deterministic and cfg.attention_dropout_rate > 0
+    if plan is None:
+      plan = plan_attention(cfg, output_attentions=output_attentions,
+                            dropout_active=dropout_active, has_bias=bias_BxHxLxL is not None,
+                            sparse_queries=query_rows_BxQ is not None)
     q_positions_BxL = positions_BxL
     x_q_BxLxD = x_BxLxD
+    kv_segments_BxL = q_segments_BxL = None
+    if plan.impl == "splash":
+      kv_segments_BxL = q_segments_BxL = padded_segment_ids(key_mask_BxL, segment_ids_BxL)
     if query_rows_BxQ is not None:
       x_q_BxLxD = take_rows(x_BxLxD, query_rows_BxQ)
       q_positions_BxL = take_rows(positions_BxL, query_rows_BxQ)
       mask_Bx1xLxL = None if mask_Bx1xLxL is None else take_rows(mask_Bx1xLxL, query_rows_BxQ, 2)
       bias_BxHxLxL = None if bias_BxHxLxL is None else take_rows(bias_BxHxLxL, query_rows_BxQ, 2)
+      if q_segments_BxL is not None:
+        q_segments_BxL = take_rows(q_segments_BxL, query_rows_BxQ)
     q_BxLxHxK = proj("query")(x_q_BxLxD)
     k_BxLxHxK = proj("key")(x_BxLxD)
     v_BxLxHxK = proj("value")(x_BxLxD)
@@ -71,16 +90,21 @@ class MultiHeadAttention(nn.Module):
       q_BxLxHxK = apply_rope(q_BxLxHxK, q_positions_BxL, cfg.rope_base)
       k_BxLxHxK = apply_rope(k_BxLxHxK, positions_BxL, cfg.rope_base)
 
-    dropout_active = not deterministic and cfg.attention_dropout_rate > 0
-    impl = cfg.attention_impl
-    if impl == "fused" and (output_attentions or dropout_active):
-      impl = "xla"  # dot_product_attention neither returns weights nor drops them
     probs_BxHxLxL = None
-    if impl == "linear":
+    if plan.impl == "linear":
       if output_attentions:
         raise ValueError("output_attentions needs attention_impl 'xla' or 'fused', not 'linear'")
       out_BxLxHxK = linear_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL)
-    elif impl == "fused":
+    elif plan.impl == "cudnn":
+      out_BxLxHxK = cudnn_attention(
+          q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal=cfg.causal,
+          sliding_window=cfg.sliding_window, bias_BxHxQxL=bias_BxHxLxL,
+          mask_Bx1xQxL=mask_Bx1xLxL if segment_ids_BxL is not None else None)
+    elif plan.impl == "splash":
+      out_BxLxHxK = splash_attention(
+          q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, q_segments_BxL, kv_segments_BxL,
+          causal=cfg.causal, sliding_window=cfg.sliding_window, interpret=plan.interpret)
+    elif plan.impl == "fused":
       out_BxLxHxK = jax.nn.dot_product_attention(
           q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
           bias=None if bias_BxHxLxL is None else bias_BxHxLxL.astype(q_BxLxHxK.dtype),

@@ -17,7 +17,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 
 INPUT_KINDS = ("text", "image", "series")
 POSITION_KINDS = ("learned", "sinusoidal", "rope", "relative", "none")
-ATTENTION_IMPLS = ("xla", "fused", "linear")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "fused", "linear")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("post", "pre")
@@ -71,7 +71,8 @@ class EncoderConfig:
   relative_max_distance: int = 128
 
   # Blocks.
-  attention_impl: str = "xla"
+  # auto: cudnn on GPU, splash on TPU, xla elsewhere; see attention.py and flash.py.
+  attention_impl: str = "auto"
   causal: bool = False
   sliding_window: int | None = None  # attend only to |i - j| <= window
   activation: str = "gelu"

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jaxencoder.attention import MultiHeadAttention
 from jaxencoder.config import EncoderConfig
 from jaxencoder.embeddings import Embeddings
+from jaxencoder.flash import AttentionPlan, plan_attention
 from jaxencoder.ffn import FeedForward
 from jaxencoder.inputs import check_inputs, check_output_positions
 from jaxencoder.layers import constrain, norm, take_rows
@@ -83,9 +84,12 @@ class BlockInputs:
   bias_BxHxLxL: jax.Array | None
   key_mask_BxL: jax.Array
   positions_BxL: jax.Array
+  segment_ids_BxL: jax.Array | None  # packed rows (0 = padding); None when not packed
   deterministic: bool = flax.struct.field(pytree_node=False)
   output_attentions: bool = flax.struct.field(pytree_node=False)
   output_hidden_states: bool = flax.struct.field(pytree_node=False)
+  attention: AttentionPlan = flax.struct.field(pytree_node=False,
+                                               default=AttentionPlan("xla"))
 
 
 class EncoderBlock(nn.Module):
@@ -108,7 +112,8 @@ class EncoderBlock(nn.Module):
     h_BxLxD, probs_BxHxLxL = attention(
         h_BxLxD, inputs.mask_Bx1xLxL, inputs.bias_BxHxLxL, inputs.key_mask_BxL,
         inputs.positions_BxL, deterministic=inputs.deterministic,
-        output_attentions=inputs.output_attentions, query_rows_BxQ=query_rows_BxQ)
+        output_attentions=inputs.output_attentions, query_rows_BxQ=query_rows_BxQ,
+        segment_ids_BxL=inputs.segment_ids_BxL, plan=inputs.attention)
     if query_rows_BxQ is not None:  # from here on only the Q query rows: [B, Q, D]
       x_BxLxD = take_rows(x_BxLxD, query_rows_BxQ)
     x_BxLxD = x_BxLxD + drop(h_BxLxD)
@@ -204,16 +209,6 @@ class Encoder(nn.Module):
         inputs, attention_mask, token_type_ids, segment_ids, positions,
         deterministic=deterministic)
     x_BxLxD = constrain(x_BxLxD)
-    mask_Bx1xLxL = None
-    if cfg.attention_impl != "linear":
-      mask_Bx1xLxL = make_attention_mask(mask_BxL, segment_ids, causal=cfg.causal,
-                                         sliding_window=cfg.sliding_window)
-    bias_BxHxLxL = None
-    if cfg.position_embedding == "relative":
-      bias_BxHxLxL = RelativePositionBias(cfg, name="relative_bias")(positions_BxL)
-
-    block_inputs = BlockInputs(mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL,
-                               deterministic, output_attentions, output_hidden_states)
     if output_positions is not None:
       check_output_positions(output_positions, *x_BxLxD.shape[:2])
     # Init runs the full stack, which creates the scanned params in their stored layout.
@@ -223,6 +218,21 @@ class Encoder(nn.Module):
     rows_BxQ = None  # rows the last block computes: position 0 (cls pooling) + output_positions
     if sparse_last:
       rows_BxQ = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions], 1)
+    plan = plan_attention(
+        cfg, output_attentions=output_attentions, sparse_queries=sparse_last,
+        dropout_active=not deterministic and cfg.attention_dropout_rate > 0,
+        has_bias=cfg.position_embedding == "relative")
+    mask_Bx1xLxL = None  # flash kernels take padding as lengths or segment ids instead
+    if plan.needs_dense_mask or (plan.impl == "cudnn" and segment_ids is not None):
+      mask_Bx1xLxL = make_attention_mask(mask_BxL, segment_ids, causal=cfg.causal,
+                                         sliding_window=cfg.sliding_window)
+    bias_BxHxLxL = None
+    if cfg.position_embedding == "relative":
+      bias_BxHxLxL = RelativePositionBias(cfg, name="relative_bias")(positions_BxL)
+
+    block_inputs = BlockInputs(mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL,
+                               segment_ids, deterministic, output_attentions,
+                               output_hidden_states, plan)
     last_BxLxD, layer_outs = self._stack(x_BxLxD, block_inputs, rows_BxQ)
     if cfg.norm_position == "pre":
       last_BxLxD = norm(cfg, name="final_norm")(last_BxLxD)

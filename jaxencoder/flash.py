@@ -1,0 +1,231 @@
+"""Flash attention kernels and the choice between them.
+
+- `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` on NVIDIA GPUs. Padding
+  goes in as per-row key lengths (cuDNN's padding mask type: no [B, 1, L, L] mask is
+  built), causal and causal sliding windows as cuDNN's own mask types. Packed rows
+  (segment ids) have no such form in the public API: their [B, 1, L, L] mask is passed
+  and cuDNN adds it as a bias.
+- `splash`: the Pallas splash-attention kernel that ships with JAX
+  (`jax.experimental.pallas.ops.tpu.splash_attention`) on TPUs. Padding and packed rows
+  go in as segment ids; causal and sliding windows as its static masks, whose fully
+  masked blocks it skips. Off TPU it runs in Pallas interpret mode (slow: for tests).
+
+`plan_attention` picks the implementation for one call from the config, the backend and
+what the call needs; a kernel that cannot serve the call falls back to `xla` with one
+logged line that says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from jaxencoder.config import EncoderConfig
+
+log = logging.getLogger(__name__)
+
+AUTO_KERNEL = {"gpu": "cudnn", "tpu": "splash"}  # backend -> what `auto` runs; else xla
+SPLASH_BLOCK = 128  # splash's minimum block (one TPU lane width); lengths pad to it
+_explained: set[str] = set()
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionPlan:
+  """What one attention call runs. `interpret`: splash in Pallas interpret mode."""
+  impl: str  # xla | fused | linear | cudnn | splash
+  interpret: bool = False
+
+  @property
+  def needs_dense_mask(self) -> bool:
+    return self.impl in ("xla", "fused")
+
+
+def _explain_once(message: str) -> None:
+  if message not in _explained:
+    _explained.add(message)
+    log.warning("%s", message)
+
+
+def max_cudnn_head_dim() -> int:
+  """cuDNN's flash limit: 256 from Hopper (compute capability 9.0) on, else 128."""
+  capability = getattr(jax.devices()[0], "compute_capability", "0")
+  return 256 if float(capability) >= 9.0 else 128
+
+
+def _cudnn_obstacle(cfg: EncoderConfig, backend: str) -> str | None:
+  if backend != "gpu":
+    return f"there is no GPU (backend {backend!r})"
+  if cfg.dtype == "float32":
+    return "compute dtype is float32 (cuDNN flash attention needs bfloat16 or float16)"
+  head_dim, limit = cfg.resolved_head_dim, max_cudnn_head_dim()
+  if head_dim % 8 or head_dim > limit:
+    return f"head_dim={head_dim} (cuDNN needs a multiple of 8, at most {limit})"
+  if cfg.sliding_window is not None and not cfg.causal:
+    return "a two-sided sliding window (cuDNN windows are causal only)"
+  return None
+
+
+def plan_attention(cfg: EncoderConfig, *, output_attentions: bool = False,
+                   dropout_active: bool = False, has_bias: bool = False,
+                   sparse_queries: bool = False, backend: str | None = None) -> AttentionPlan:
+  """The implementation for one call; logs once per reason when a kernel falls back.
+
+  `sparse_queries`: queries are a gathered subset of rows (the sparse last block), so
+  query i is not key i and a causal / window mask cannot be a kernel's static one.
+  """
+  backend = backend or jax.default_backend()
+  impl = cfg.attention_impl
+  if impl == "auto":
+    impl = AUTO_KERNEL.get(backend, "xla")
+  if impl in ("xla", "linear"):
+    return AttentionPlan(impl)
+  obstacle = None
+  if output_attentions:
+    obstacle = "attention weights were requested"
+  elif dropout_active:
+    obstacle = "attention dropout is on (the kernel has none)"
+  elif impl == "cudnn":
+    obstacle = _cudnn_obstacle(cfg, backend)
+  elif impl == "splash" and has_bias:
+    obstacle = "relative position bias (splash takes no bias)"
+  if obstacle is None and impl in ("cudnn", "splash") and sparse_queries and (
+      cfg.causal or cfg.sliding_window is not None):
+    obstacle = "a causal or windowed mask on a sparse set of query rows"
+  if obstacle:
+    _explain_once(f"attention_impl={cfg.attention_impl!r}: {impl} cannot run this call "
+                  f"({obstacle}); using xla")
+    return AttentionPlan("xla")
+  if impl == "splash" and backend != "tpu":
+    _explain_once(f"attention_impl={cfg.attention_impl!r}: splash on {backend} runs in "
+                  "Pallas interpret mode (slow; meant for tests)")
+    return AttentionPlan("splash", interpret=True)
+  return AttentionPlan(impl)
+
+
+# ---------------------------------------------------------------- cuDNN
+def check_right_padded(key_mask_BxL) -> None:
+  """Raises if a concrete mask has a pad before a real token (lengths could not say it);
+  under jit the mask is abstract and right padding is assumed, as the pipelines make."""
+  if isinstance(key_mask_BxL, jax.core.Tracer):
+    return
+  mask = np.asarray(key_mask_BxL).astype(bool)
+  prefix = np.arange(mask.shape[1])[None, :] < mask.sum(axis=1, keepdims=True)
+  if not np.array_equal(mask, prefix):
+    rows = np.flatnonzero((mask != prefix).any(axis=1)).tolist()
+    raise ValueError(f"attention_impl 'cudnn' takes padding as lengths: padding must come "
+                     f"after the real tokens, but rows {rows[:5]} have a pad before a real "
+                     "token; right-pad them or use attention_impl='xla'")
+
+
+def cudnn_attention(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, *, causal: bool,
+                    sliding_window: int | None, bias_BxHxQxL=None, mask_Bx1xQxL=None,
+                    implementation: str = "cudnn"):
+  """Attention through cuDNN. Padding must be on the right (real tokens first): it goes in
+  as key lengths. `mask_Bx1xQxL` (packed rows only) replaces the lengths.
+  `implementation="xla"` runs the same call on any backend (tests)."""
+  lengths = None
+  if mask_Bx1xQxL is None:
+    check_right_padded(key_mask_BxL)
+    lengths = key_mask_BxL.sum(axis=-1, dtype=jnp.int32)
+  return jax.nn.dot_product_attention(
+      q_BxQxHxK, k_BxLxHxK, v_BxLxHxK,
+      bias=None if bias_BxHxQxL is None else bias_BxHxQxL.astype(q_BxQxHxK.dtype),
+      mask=mask_Bx1xQxL, is_causal=causal, key_value_seq_lengths=lengths,
+      local_window_size=None if sliding_window is None else (sliding_window, 0),
+      implementation=implementation)
+
+
+# ---------------------------------------------------------------- splash
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+def _block(length: int) -> int:
+  return next(b for b in (512, 256, 128) if length % b == 0)
+
+
+def _splash_kernel(q_len: int, kv_len: int, num_heads: int, causal: bool,
+                   sliding_window: int | None, interpret: bool):
+  """A splash kernel for padded lengths (multiples of 128). Built at each trace (its mask
+  tables are numpy work at trace time; cached kernels would carry one trace's arrays
+  into another)."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+      splash_attention_kernel as splash, splash_attention_mask as masks)
+  shape = (q_len, kv_len)
+  if sliding_window is not None:
+    one_head = masks.LocalMask(shape, (sliding_window, 0 if causal else sliding_window), 0)
+  elif causal:
+    one_head = masks.CausalMask(shape)
+  else:
+    one_head = masks.FullMask(shape)
+  bq, bkv = _block(q_len), _block(kv_len)
+  blocks = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
+                             block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
+                             block_q_dq=bq, block_kv_dq=bkv)
+  return splash.make_splash_mha(masks.MultiHeadMask([one_head] * num_heads),
+                                head_shards=1, q_seq_shards=1, block_sizes=blocks,
+                                interpret=interpret)
+
+
+def padded_segment_ids(key_mask_BxL, segment_ids_BxL=None):
+  """Segment ids where padding is 0: a token sees only keys of its own non-zero id."""
+  ids_BxL = jnp.ones_like(key_mask_BxL, jnp.int32) if segment_ids_BxL is None else segment_ids_BxL
+  return jnp.where(key_mask_BxL.astype(bool), ids_BxL.astype(jnp.int32), 0)
+
+
+def _pad_rows(x, length: int, axis: int = 1):
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, length - x.shape[axis])
+  return jnp.pad(x, pad)
+
+
+def _splash_local(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, q_segments_BxQ, kv_segments_BxL, *,
+                  causal, sliding_window, interpret):
+  from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import (
+      SegmentIds)
+  q_len, kv_len = q_BxQxHxK.shape[1], k_BxLxHxK.shape[1]
+  q_pad, kv_pad = _round_up(q_len, SPLASH_BLOCK), _round_up(kv_len, SPLASH_BLOCK)
+  # Padded rows get segment 0: they see only padding keys and are sliced off below.
+  heads_first = lambda x, n: jnp.swapaxes(_pad_rows(x, n), 1, 2)  # [B, H, n, K]
+  q = heads_first(q_BxQxHxK * q_BxQxHxK.shape[-1] ** -0.5, q_pad)
+  k, v = heads_first(k_BxLxHxK, kv_pad), heads_first(v_BxLxHxK, kv_pad)
+  segments = SegmentIds(_pad_rows(q_segments_BxQ, q_pad), _pad_rows(kv_segments_BxL, kv_pad))
+  kernel = _splash_kernel(q_pad, kv_pad, q.shape[1], causal, sliding_window, interpret)
+  out_BxHxQxK = jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=s))(q, k, v, segments)
+  return jnp.swapaxes(out_BxHxQxK, 1, 2)[:, :q_len]
+
+
+def _mesh_spec(mesh, batch: int, heads: int) -> P:
+  """[B, L, H, K] spec from the logical rules: batch and heads split where they divide."""
+  batch_axes, _, head_axes, _ = nn.logical_to_mesh_axes(("act_batch", None, "heads", None))
+  size = lambda axes: math.prod(mesh.shape[a] for a in (
+      () if axes is None else (axes,) if isinstance(axes, str) else axes))
+  batch_axes = batch_axes if batch % size(batch_axes) == 0 else None
+  head_axes = head_axes if heads % size(head_axes) == 0 else None
+  return P(batch_axes, None, head_axes, None)
+
+
+def splash_attention(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, q_segments_BxQ, kv_segments_BxL, *,
+                     causal: bool, sliding_window: int | None, interpret: bool = False):
+  """Splash attention on [B, L, H, K] inputs with segment ids (0 = padding).
+
+  The kernel is not partitioned by XLA: under a mesh it runs in shard_map, each device on
+  its batch rows and heads (per the `act_batch` and `heads` rules)."""
+  local = functools.partial(_splash_local, causal=causal, sliding_window=sliding_window,
+                            interpret=interpret)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return local(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, q_segments_BxQ, kv_segments_BxL)
+  spec = _mesh_spec(mesh, q_BxQxHxK.shape[0], q_BxQxHxK.shape[2])
+  rows = P(spec[0], None)
+  return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, rows, rows),
+                       out_specs=spec, check_vma=False)(
+                           q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, q_segments_BxQ, kv_segments_BxL)
