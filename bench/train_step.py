@@ -44,7 +44,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name -> (preset, seq_len, batch_size)
 CONFIGS = {"small128": ("small", 128, 16), "base128": ("base", 128, 8),
            "base512": ("base", 512, 2)}
-SIZES = {"small": (4, 512, 8), "base": (12, 768, 12)}
+# preset -> (layers, width, heads), as jaxencoder.config.PRESETS (not imported: the
+# baseline venv and the PyTorch contenders load this module without jaxencoder).
+SIZES = {"tiny": (2, 128, 2), "small": (4, 512, 8), "base": (12, 768, 12)}
 VOCAB = 30522
 MASK_RATE = 0.15
 LR, B1, B2, EPS, WD, CLIP = 1e-4, 0.9, 0.999, 1e-6, 0.01, 1.0
@@ -100,30 +102,56 @@ def weighted_ce(logits, labels, weights) -> float:
 
 
 # ---------------------------------------------------------------- runners (in workers)
-class JaxencoderRunner:
-  """steps.train_step with make_optimizer's AdamW (constant LR, clip 1.0), state donated."""
+def import_train_modules():
+  """jaxencoder.train's (optim, steps, tasks), also where the data pipeline cannot import.
 
-  def __init__(self, preset, batch, full_logits, **model):
+  The package's __init__ imports the training loop and with it grain and
+  tensorflow_datasets, which the step does not use and an accelerator image may lack
+  (the H200 one does); then the three modules load under a bare package object.
+  """
+  try:
+    from jaxencoder.train import optim, steps, tasks
+  except ImportError as e:
+    import importlib
+    import types
+    import jaxencoder
+    print(f"# jaxencoder.train: {e}; loading optim, steps, tasks without its __init__",
+          file=sys.stderr, flush=True)
+    package = types.ModuleType("jaxencoder.train")
+    package.__path__ = [os.path.join(os.path.dirname(jaxencoder.__file__), "train")]
+    sys.modules["jaxencoder.train"] = package
+    optim, steps, tasks = (importlib.import_module(f"jaxencoder.train.{name}")
+                           for name in ("optim", "steps", "tasks"))
+  return optim, steps, tasks
+
+
+class JaxencoderRunner:
+  """steps.train_step with make_optimizer's AdamW (constant LR, clip 1.0), state donated.
+
+  `rng_impl` (threefry2x32, rbg, unsafe_rbg; None: jax's default) makes the init and
+  dropout keys; the step's metrics of the last call stay in `metrics`.
+  """
+
+  def __init__(self, preset, batch, full_logits, rng_impl=None, **model):
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
     from jaxencoder import EncoderConfig
-    from jaxencoder.train import optim
-    from jaxencoder.train import steps
-    from jaxencoder.train import tasks
+    optim, steps, tasks = import_train_modules()
+    make_key = lambda seed: jax.random.key(seed, impl=rng_impl)
     self.cfg = EncoderConfig.preset(preset, vocab_size=VOCAB, max_len=512, **model)
     m = 0 if full_logits else num_predictions(batch["input_ids"].shape[1])
     self.task = tasks.make_task("mlm", self.cfg, max_predictions=m)
     self.batch = {k: jnp.asarray(v) for k, v in batch.items()}
     init = jax.jit(lambda key: self.task.model.init(key, *self.task.example_batch(self.batch)))
-    self.params = nn.meta.unbox(init(jax.random.key(0))["params"])
+    self.params = nn.meta.unbox(init(make_key(0))["params"])
     ocfg = optim.default_optim_config()
     ocfg.update(learning_rate=LR, b1=B1, b2=B2, eps=EPS, weight_decay=WD, grad_clip_norm=CLIP,
                 schedule="constant")
     tx, _ = optim.make_optimizer(ocfg, self.params, num_layers=self.cfg.num_layers)
     self.state = steps.TrainState(jnp.zeros((), jnp.int32), self.params, tx.init(self.params),
                                   jnp.full((), -1, jnp.int32))
-    fn = lambda s, b: steps.train_step(s, b, task=self.task, tx=tx, base_rng=jax.random.key(1))
+    fn = lambda s, b: steps.train_step(s, b, task=self.task, tx=tx, base_rng=make_key(1))
     self.jitted = jax.jit(fn, donate_argnums=0)
     full = tasks.make_task("mlm", self.cfg, max_predictions=0)
     self.eval_loss_fn = jax.jit(lambda p, b: full.loss_fn(p, b, jax.random.key(0), False)[0])
@@ -144,8 +172,8 @@ class JaxencoderRunner:
     return float(self.eval_loss_fn(self.params, self.batch))
 
   def step(self):
-    self.state, metrics = self.step_fn(self.state, self.batch)
-    common.block((self.state, metrics))
+    self.state, self.metrics = self.step_fn(self.state, self.batch)
+    common.block((self.state, self.metrics))
 
 
 class HfFlaxRunner:

@@ -1,10 +1,14 @@
-"""jaxencoder: Transformer encoders in JAX/Flax, for text, image patches and time series."""
+"""jaxencoder: Transformer encoders in JAX/Flax, for text, image patches and time series
+(and a decoder for encoder-decoder models)."""
 
 from jaxencoder.config import PRESETS, EncoderConfig
+from jaxencoder.decoder import Decoder, EncoderDecoder, decoder_config, greedy_decode
+from jaxencoder.electra import Electra
 from jaxencoder.encoder import BlockInputs, Encoder, EncoderBlock, EncoderOutput
 from jaxencoder.heads import (
     ContrastiveHead,
     EncoderForMaskedLM,
+    EncoderForPreTraining,
     MlmHead,
     SequenceClassificationHead,
     TokenClassificationHead,
@@ -15,7 +19,9 @@ from jaxencoder.layout import loop_to_scan, scan_to_loop
 
 __all__ = [
     "PRESETS", "EncoderConfig", "Encoder", "EncoderBlock", "BlockInputs", "EncoderOutput",
-    "EncoderForMaskedLM", "MlmHead", "SequenceClassificationHead",
+    "Decoder", "EncoderDecoder", "decoder_config", "greedy_decode",
+    "EncoderForMaskedLM", "EncoderForPreTraining", "Electra", "MlmHead",
+    "SequenceClassificationHead",
     "TokenClassificationHead", "ContrastiveHead", "cosine_similarity", "info_nce_loss",
     "loop_to_scan", "scan_to_loop",
 ]

@@ -49,19 +49,27 @@ def linear_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL):
 
 
 class MultiHeadAttention(nn.Module):
-  """Q/K/V/O projections around one of the attention implementations."""
+  """Q/K/V/O projections around one of the attention implementations.
+
+  Self-attention by default. With `kv_BxSxD` it is cross-attention (a decoder reading an
+  encoder's outputs): keys and values come from there, `key_mask_BxL` is their padding
+  [B, S], the mask is [B, 1, L, S], and RoPE is not applied (the two sequences' positions
+  are not comparable). `decode` keeps keys and values in a fixed-shape cache (`_cached`).
+  """
   cfg: EncoderConfig
 
   @nn.compact
   def __call__(self, x_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL, positions_BxL,
                *, deterministic: bool, output_attentions: bool = False,
-               query_rows_BxQ=None, segment_ids_BxL=None, plan: AttentionPlan | None = None):
+               query_rows_BxQ=None, segment_ids_BxL=None, plan: AttentionPlan | None = None,
+               kv_BxSxD=None, decode: bool = False, cache_index=None):
     """Attends from every position, or only from `query_rows_BxQ` (then L below reads Q
     for the queries and the output is [B, Q, D]; keys and values still span all L).
 
     `plan` (from flash.plan_attention; made here when None) says which implementation
     runs. The flash kernels read padding from `key_mask_BxL` and packed rows from
-    `segment_ids_BxL`; only `xla` and `fused` read `mask_Bx1xLxL`.
+    `segment_ids_BxL`; only `xla` and `fused` read `mask_Bx1xLxL`, and only they serve
+    cross-attention and cached decoding.
     """
     cfg = self.cfg
     heads = (cfg.num_heads, cfg.resolved_head_dim)
@@ -71,6 +79,10 @@ class MultiHeadAttention(nn.Module):
       plan = plan_attention(cfg, output_attentions=output_attentions,
                             dropout_active=dropout_active, has_bias=bias_BxHxLxL is not None,
                             sparse_queries=query_rows_BxQ is not None)
+    cross = kv_BxSxD is not None
+    if (cross or decode) and not plan.needs_dense_mask:
+      raise ValueError(f"cross-attention and cached decoding run 'xla' or 'fused', "
+                       f"not {plan.impl!r}")
     q_positions_BxL = positions_BxL
     x_q_BxLxD = x_BxLxD
     kv_segments_BxL = q_segments_BxL = None
@@ -83,13 +95,15 @@ class MultiHeadAttention(nn.Module):
       bias_BxHxLxL = None if bias_BxHxLxL is None else take_rows(bias_BxHxLxL, query_rows_BxQ, 2)
       if q_segments_BxL is not None:
         q_segments_BxL = take_rows(q_segments_BxL, query_rows_BxQ)
+    kv_BxLxD = kv_BxSxD if cross else x_BxLxD
     q_BxLxHxK = proj("query")(x_q_BxLxD)
-    k_BxLxHxK = proj("key")(x_BxLxD)
-    v_BxLxHxK = proj("value")(x_BxLxD)
-    if cfg.position_embedding == "rope":
+    k_BxLxHxK = proj("key")(kv_BxLxD)
+    v_BxLxHxK = proj("value")(kv_BxLxD)
+    if cfg.position_embedding == "rope" and not cross:
       q_BxLxHxK = apply_rope(q_BxLxHxK, q_positions_BxL, cfg.rope_base)
       k_BxLxHxK = apply_rope(k_BxLxHxK, positions_BxL, cfg.rope_base)
-
+    if decode:
+      k_BxLxHxK, v_BxLxHxK = self._cached(k_BxLxHxK, v_BxLxHxK, cache_index)
     probs_BxHxLxL = None
     if plan.impl == "linear":
       if output_attentions:
@@ -116,3 +130,20 @@ class MultiHeadAttention(nn.Module):
     out_BxLxD = dense(cfg, cfg.emb_dim, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
                       name="out")(out_BxLxHxK)
     return out_BxLxD, (probs_BxHxLxL if output_attentions else None)
+
+  def _cached(self, k_BxTxHxK, v_BxTxHxK, cache_index):
+    """Decoding: keys and values in a fixed-shape cache [B, S, H, K] ('cache' collection).
+
+    `cache_index` None: creates it (zeros; S = this call's length) and returns this call's
+    keys and values. Else writes this call's T = 1.. steps at `cache_index` and returns the
+    whole cache: the caller's mask hides the rows not yet written.
+    """
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, k_BxTxHxK.shape, k_BxTxHxK.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, v_BxTxHxK.shape,
+                             v_BxTxHxK.dtype)
+    if cache_index is None:
+      return k_BxTxHxK, v_BxTxHxK
+    at = (0, cache_index, 0, 0)
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BxTxHxK, at)
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BxTxHxK, at)
+    return cached_k.value, cached_v.value

@@ -37,17 +37,25 @@ class Embeddings(nn.Module):
   Returns (x_BxLxD, attention_mask_BxL, segment_ids_BxL | None, positions_BxL);
   image and series inputs gain a leading [CLS] vector (and a mask entry) when
   configured. Positions default to 0..L-1, restarting per segment when packed.
+  `token_table_VxD` (text): embed with this table, owned by another module (an
+  encoder-decoder's decoder shares its encoder's), instead of a `token_embed` of its own.
   """
   cfg: EncoderConfig
 
   @nn.compact
   def __call__(self, inputs, attention_mask_BxL, token_type_ids_BxL, segment_ids_BxL,
-               positions_BxL, *, deterministic: bool):
+               positions_BxL, *, deterministic: bool, token_table_VxD=None):
     cfg = self.cfg
     grid = None
     if cfg.input_kind == "text":
-      token_embed = _embed(cfg, cfg.vocab_size, ("vocab", "embed"), "token_embed")
-      x_BxLxD = token_embed(inputs).astype(dtype_of(cfg.dtype))
+      # An out-of-range id reads NaN (take's fill), never another token's row: a negative
+      # id would otherwise wrap to row V + id.
+      inputs = jnp.where(inputs < 0, jnp.iinfo(jnp.int32).max, inputs)
+      if token_table_VxD is None:
+        x_BxLxD = _embed(cfg, cfg.vocab_size, ("vocab", "embed"), "token_embed")(inputs)
+      else:
+        x_BxLxD = jnp.take(token_table_VxD, inputs, axis=0)
+      x_BxLxD = x_BxLxD.astype(dtype_of(cfg.dtype))
       if cfg.scale_embeddings:
         x_BxLxD *= jnp.sqrt(cfg.emb_dim).astype(x_BxLxD.dtype)
     else:

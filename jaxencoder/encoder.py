@@ -130,21 +130,26 @@ class EncoderBlock(nn.Module):
     return x_BxLxD, out
 
 
-def block_class(cfg: EncoderConfig, in_scan: bool) -> type[nn.Module]:
-  """EncoderBlock, rematerialised per `cfg.remat_policy` (its flags ride in BlockInputs)."""
+def block_class(cfg: EncoderConfig, in_scan: bool,
+                block: type[nn.Module] = EncoderBlock) -> type[nn.Module]:
+  """`block`, rematerialised per `cfg.remat_policy` (its flags ride in its inputs pytree,
+  BlockInputs for EncoderBlock)."""
   if cfg.remat_policy == "none":
-    return EncoderBlock
+    return block
   # Inside nn.scan the loop boundary already keeps XLA from merging recompute and forward.
-  return nn.remat(EncoderBlock, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not in_scan)
+  return nn.remat(block, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not in_scan)
 
 
 _LAYERS_AXIS = {nn.PARTITION_NAME: "layers"}  # logical name of the scanned params' [N] axis
 
 
-def _scanned_blocks(cfg: EncoderConfig, length: int) -> type[nn.Module]:
-  """`length` blocks under nn.scan: params stacked on a leading [length] axis, the
-  BlockInputs broadcast to every step, dropout drawn afresh per layer."""
-  return nn.scan(block_class(cfg, in_scan=True), variable_axes={"params": 0},
+def scanned_blocks(cfg: EncoderConfig, length: int,
+                   block: type[nn.Module] | None = None) -> type[nn.Module]:
+  """`length` blocks under nn.scan (default: EncoderBlocks, rematerialised per the config):
+  params (and a decoder's 'cache') stacked on a leading [length] axis, the block inputs
+  broadcast to every step, dropout drawn afresh per layer."""
+  return nn.scan(block or block_class(cfg, in_scan=True),
+                 variable_axes={"params": 0, "cache": 0},
                  split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
                  length=length, metadata_params=_LAYERS_AXIS)
 
@@ -170,7 +175,7 @@ class _ScanThenSparseLast(nn.Module):
   def __call__(self, x_BxLxD, inputs: BlockInputs, rows_BxQ):
     cfg, outs = self.cfg, []
     if cfg.num_layers > 1:
-      x_BxLxD, stacked = _scanned_blocks(cfg, cfg.num_layers - 1)(cfg, name="scanned")(
+      x_BxLxD, stacked = scanned_blocks(cfg, cfg.num_layers - 1)(cfg, name="scanned")(
           x_BxLxD, inputs)
       outs = _unstack(stacked, cfg.num_layers - 1)
     x_BxQxD, out = block_class(cfg, in_scan=False)(cfg, name="last")(x_BxLxD, inputs, rows_BxQ)
@@ -265,6 +270,6 @@ class Encoder(nn.Module):
     if last_rows_BxQ is not None:
       sparse = nn.map_variables(_ScanThenSparseLast, "params", trans_in_fn=_split_last_layer)
       return sparse(cfg, name=SCANNED_LAYERS)(x_BxLxD, inputs, last_rows_BxQ)
-    x_BxLxD, stacked = _scanned_blocks(cfg, cfg.num_layers)(cfg, name=SCANNED_LAYERS)(
+    x_BxLxD, stacked = scanned_blocks(cfg, cfg.num_layers)(cfg, name=SCANNED_LAYERS)(
         x_BxLxD, inputs)
     return x_BxLxD, _unstack(stacked, cfg.num_layers)

@@ -62,6 +62,29 @@ class EncoderForMaskedLM(nn.Module):
     return self.mlm_head(out.last_hidden_state, embedding_VxD), out
 
 
+class EncoderForPreTraining(nn.Module):
+  """BERT's pre-training model: EncoderForMaskedLM plus a 2-way sentence-pair head (next
+  sentence or sentence order) on the pooled [CLS] vector (BERT pools with pooler_dense).
+
+  Returns (MLM logits [B, M or L, V], pair logits [B, 2], EncoderOutput).
+  """
+  cfg: EncoderConfig
+
+  def setup(self):
+    self.encoder = Encoder(self.cfg)
+    self.mlm_head = MlmHead(self.cfg)
+    self.pair_head = SequenceClassificationHead(self.cfg, 2)
+
+  def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
+               positions=None, masked_positions=None, *, deterministic: bool = True):
+    out: EncoderOutput = self.encoder(
+        inputs, attention_mask, token_type_ids, segment_ids, positions,
+        deterministic=deterministic, output_positions=masked_positions)
+    table = self.encoder.variables["params"][EMBEDDINGS]["token_embed"]["embedding"]
+    mlm_logits = self.mlm_head(out.last_hidden_state, nn.meta.unbox(table))
+    return mlm_logits, self.pair_head(out.pooled, deterministic=deterministic), out
+
+
 class SequenceClassificationHead(nn.Module):
   """Dropout + dense on the pooled vector: [B, D] -> [B, C]."""
   cfg: EncoderConfig

@@ -1,4 +1,4 @@
-"""Attention masks: padding, packed segments, causal and sliding-window."""
+"""Attention masks: padding, packed segments, causal and sliding-window; a decoding cache's."""
 
 from __future__ import annotations
 
@@ -27,3 +27,18 @@ def make_attention_mask(attention_mask_BxL: jax.Array,
   if sliding_window is not None:
     mask_BxLxL &= jnp.abs(query_1xLx1 - key_1x1xL) <= sliding_window
   return mask_BxLxL[:, None, :, :]
+
+
+def make_cache_mask(written_BxS: jax.Array, positions_BxT: jax.Array, *,
+                    sliding_window: int | None = None) -> jax.Array:
+  """Boolean [B, 1, T, S] mask of T decoding queries over a key / value cache of S rows.
+
+  Key j is visible from a query at position p when row j has been written and j <= p
+  (causal; rows are positions); `sliding_window` w also keeps p - j <= w.
+  """
+  key_1x1xS = jnp.arange(written_BxS.shape[1])[None, None, :]
+  query_BxTx1 = positions_BxT[:, :, None]
+  mask_BxTxS = written_BxS[:, None, :].astype(bool) & (key_1x1xS <= query_BxTx1)
+  if sliding_window is not None:
+    mask_BxTxS &= query_BxTx1 - key_1x1xS <= sliding_window
+  return mask_BxTxS[:, None, :, :]

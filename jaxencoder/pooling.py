@@ -18,9 +18,11 @@ def mean_pool(x_BxLxD: jax.Array, mask_BxL: jax.Array) -> jax.Array:
 
 
 def max_pool(x_BxLxD: jax.Array, mask_BxL: jax.Array) -> jax.Array:
-  """Feature-wise max over real tokens."""
-  masked = jnp.where(mask_BxL[..., None].astype(bool), x_BxLxD, jnp.finfo(x_BxLxD.dtype).min)
-  return masked.max(axis=1)
+  """Feature-wise max over real tokens; zeros for a row without any (a batch's fill rows,
+  whose finfo.min would overflow the head to inf and NaN)."""
+  real_BxLx1 = mask_BxL[..., None].astype(bool)
+  masked = jnp.where(real_BxLx1, x_BxLxD, jnp.finfo(x_BxLxD.dtype).min)
+  return jnp.where(real_BxLx1.any(axis=1), masked.max(axis=1), 0).astype(x_BxLxD.dtype)
 
 
 class AttentionPool(nn.Module):

@@ -79,15 +79,20 @@ class RelativePositionBias(nn.Module):
   cfg: EncoderConfig
 
   @nn.compact
-  def __call__(self, positions_BxL: jax.Array) -> jax.Array:
+  def __call__(self, positions_BxL: jax.Array, key_positions_BxS: jax.Array | None = None
+               ) -> jax.Array:
+    """Bias [B, H, L, S] of queries at `positions_BxL` over keys at `key_positions_BxS`
+    (default: the same positions, S = L)."""
     cfg = self.cfg
+    if key_positions_BxS is None:
+      key_positions_BxS = positions_BxL
     table_RxH = self.param(
         "embedding",
         nn.with_logical_partitioning(
             nn.initializers.normal(cfg.initializer_range), (None, "heads")),
         (cfg.relative_num_buckets, cfg.num_heads), dtype_of(cfg.param_dtype))
-    offset_BxLxL = positions_BxL[:, None, :] - positions_BxL[:, :, None]
-    bucket_BxLxL = relative_bucket(offset_BxLxL, cfg.relative_num_buckets,
+    offset_BxLxS = key_positions_BxS[:, None, :] - positions_BxL[:, :, None]
+    bucket_BxLxS = relative_bucket(offset_BxLxS, cfg.relative_num_buckets,
                                    cfg.relative_max_distance)
-    bias_BxLxLxH = jnp.asarray(table_RxH, jnp.float32)[bucket_BxLxL]
-    return jnp.transpose(bias_BxLxLxH, (0, 3, 1, 2))  # [B, H, L, L]
+    bias_BxLxSxH = jnp.asarray(table_RxH, jnp.float32)[bucket_BxLxS]
+    return jnp.transpose(bias_BxLxSxH, (0, 3, 1, 2))  # [B, H, L, S]

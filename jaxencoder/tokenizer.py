@@ -144,12 +144,14 @@ class Tokenizer:
 
   def encode_batch(self, texts: Sequence, texts_b: Sequence | None = None, *,
                    max_length: int | None = None, pad_to: int | None = None,
-                   is_pretokenized: bool = False) -> Batch:
+                   is_pretokenized: bool = False, offsets: bool = False) -> Batch:
     """Encodes B texts (or B pre-split word lists) in one Rust call.
 
     Returns [B, L] arrays where L = `pad_to`, else the longest encoding, plus
     `first_subword_index` [B, W]: W = most words of sequence a still present
     after truncation; -1 pads (a word index >= W was truncated away).
+    `offsets`: also `offsets` [B, L, 2], each token's [start, end) characters in
+    its own text (a or b); (0, 0) for special and padding tokens.
     """
     inputs = list(texts) if texts_b is None else list(zip(texts, texts_b, strict=True))
     encodings = self._encode_raw(inputs, max_length, is_pretokenized)
@@ -162,10 +164,15 @@ class Tokenizer:
     batch = {k: np.stack([r[k] for r in rows]) if rows else np.zeros((0, length), np.int32)
              for k in ("input_ids", "attention_mask", "token_type_ids", "word_ids")}
     batch["first_subword_index"] = _first_subwords(encodings)
+    if offsets:
+      batch["offsets"] = np.zeros((len(encodings), length, 2), np.int32)
+      for row, e in zip(batch["offsets"], encodings):
+        row[: len(e.offsets)] = e.offsets
     return batch
 
   def encode(self, text, text_b=None, *, max_length: int | None = None,
-             padding: str = "none", is_pretokenized: bool = False) -> Batch:
+             padding: str = "none", is_pretokenized: bool = False,
+             offsets: bool = False) -> Batch:
     """Encodes one text (or pair). padding: "none" or "max_length" (needs max_length)."""
     if padding not in ("none", "max_length"):
       raise ValueError(f"padding must be 'none' or 'max_length', got {padding!r}")
@@ -174,7 +181,7 @@ class Tokenizer:
       raise ValueError("padding='max_length' needs max_length")
     batch = self.encode_batch([text], None if text_b is None else [text_b],
                               max_length=max_length, pad_to=pad_to,
-                              is_pretokenized=is_pretokenized)
+                              is_pretokenized=is_pretokenized, offsets=offsets)
     return {k: v[0] for k, v in batch.items()}
 
   def decode(self, ids, *, skip_special_tokens: bool = True) -> str:

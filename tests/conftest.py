@@ -1,9 +1,19 @@
-"""Shared test settings: float32 matmuls at full precision, rank promotion raises."""
+"""Shared test settings: 8 virtual CPU devices, float32 matmuls at full precision, rank
+promotion raises; tests marked `mesh` fail (never skip) with fewer than 8 devices;
+`--no-skips` turns any skip into a failure (make parity: a live test cannot go unrun)."""
 
 import os
 import tempfile
 
-import jax
+# Before jax is imported: plain `pytest` (not only `make test`) gets the 8 devices the mesh
+# tests need, on CPU unless the caller chose a platform.
+MESH_DEVICES = 8
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}={MESH_DEVICES}".strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402 (after the flags above)
 import jax.numpy as jnp
 import pytest
 
@@ -44,3 +54,55 @@ def jit_model(cfg: EncoderConfig, example, module=Encoder):
   model = module(cfg)
   variables = jax.jit(model.init)(jax.random.key(0), example)
   return variables, jax.jit(model.apply, static_argnames=STATIC)
+
+
+# ------------------------------------------------------------------ skips that must not pass
+def pytest_addoption(parser):
+  parser.addoption("--no-skips", action="store_true",
+                   help="a skipped test fails instead (make parity: live tests must run)")
+
+
+def pytest_runtest_setup(item):
+  """A mesh test without its 8 devices fails: a skip would let CI go green untested."""
+  if item.get_closest_marker("mesh") and jax.device_count() < MESH_DEVICES:
+    pytest.fail(f"needs {MESH_DEVICES} devices, found {jax.device_count()}: jax started "
+                f"before conftest could set XLA_FLAGS={_DEVICE_FLAG}={MESH_DEVICES}, or "
+                f"XLA_FLAGS set another count ({os.environ.get('XLA_FLAGS')!r})",
+                pytrace=False)
+
+
+def _fail_skip(report, config) -> None:
+  if report.skipped and not hasattr(report, "wasxfail") and config.getoption("no_skips"):
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+    report.outcome = "failed"
+    report.longrepr = f"skipped under --no-skips: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  outcome = yield
+  _fail_skip(outcome.get_result(), item.config)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+  outcome = yield
+  _fail_skip(outcome.get_result(), collector.config)
+
+
+# ------------------------------------------------------------------ shared runs
+@pytest.fixture(scope="session")
+def mlm_run(tmp_path_factory):
+  """A finished 3-step, 3-layer tiny MLM run, trained once per test process and shared:
+  read it, never resume or write into it. `.workdir`, `.root`, `.vocab`, `.config`."""
+  import types
+
+  import train_helpers as th
+  from jaxencoder.train.loop import train_and_evaluate
+  root = tmp_path_factory.mktemp("mlm_run")
+  vocab = th.write_vocab(root)
+  config = th.tiny_config(root, th.text_corpus(root), vocab, num_layers=3)
+  config.num_train_steps = 3
+  metrics = train_and_evaluate(config, root / "run")
+  return types.SimpleNamespace(workdir=root / "run", root=root, vocab=vocab, config=config,
+                               metrics=metrics)

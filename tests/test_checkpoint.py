@@ -174,8 +174,7 @@ def _tensor_spec(shape):  # a different layout on a (4, 2) mesh
   return P("tensor") if len(shape) == 1 else P(*(("fsdp",) if shape else ()))
 
 
-@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: run with "
-                    "XLA_FLAGS=--xla_force_host_platform_device_count=8")
+@pytest.mark.mesh
 def test_restore_reshards_onto_other_meshes(tmp_path):
   devices = np.array(jax.devices()[:8])
   mesh8 = Mesh(devices.reshape(1, 8, 1), ("data", "fsdp", "tensor"))

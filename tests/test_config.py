@@ -1,16 +1,33 @@
 """EncoderConfig: presets, overrides and errors that name the field."""
 
 import dataclasses
+import pathlib
+import re
 
 import jax
 import numpy as np
 import pytest
 
 from jaxencoder import Encoder, EncoderConfig
+from jaxencoder.config import PRESETS
 
-# BERT's published parameter counts (millions), Turc et al. 2019 / Devlin et al. 2019.
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+# BERT's published parameter counts (millions, rounded), Turc et al. 2019 / Devlin et al. 2019.
 PUBLISHED_M = {"tiny": 4.4, "mini": 11.3, "small": 29.1, "medium": 41.7,
                "base": 110.0, "large": 340.0}
+# Exact counts with vocab_size=30522 and BERT's pooler; base is transformers' bert-base-uncased
+# (BertModel: 109,482,240).
+EXACT = {"tiny": 4_385_920, "mini": 11_170_560, "small": 28_763_648, "medium": 41_373_184,
+         "base": 109_482_240, "large": 335_141_888}
+
+
+def bert_count(num_layers: int, d: int, vocab: int = 30522, positions: int = 512,
+               types: int = 2) -> int:
+  """BERT's parameters in closed form: embeddings + LayerNorm, N x (Q, K, V, O with
+  biases; D -> 4D -> D with biases; two LayerNorms), the dense pooler."""
+  f = 4 * d
+  layer = 4 * (d * d + d) + (d * f + f) + (f * d + d) + 2 * 2 * d
+  return (vocab + positions + types) * d + 2 * d + num_layers * layer + d * d + d
 
 
 def count_params(cfg: EncoderConfig) -> int:
@@ -20,10 +37,21 @@ def count_params(cfg: EncoderConfig) -> int:
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_M))
-def test_preset_param_count_matches_bert(name):
+def test_preset_param_count_is_berts_exactly(name):
+  num_layers, width, _ = PRESETS[name]
   cfg = EncoderConfig.preset(name, vocab_size=30522, pooler_dense=True)
-  millions = count_params(cfg) / 1e6
-  assert millions == pytest.approx(PUBLISHED_M[name], rel=0.02)
+  assert count_params(cfg) == EXACT[name] == bert_count(num_layers, width)
+  assert EXACT[name] / 1e6 == pytest.approx(PUBLISHED_M[name], rel=0.02)  # the papers round
+
+
+def test_readme_preset_table_states_the_exact_counts():
+  rows = re.findall(r"^\| (\w+) \| (\d+) / (\d+) / (\d+) \| ([\d.]+)M \|", README.read_text(),
+                    flags=re.MULTILINE)
+  table = {name: ((int(n), int(d), int(h)), params) for name, n, d, h, params in rows}
+  assert sorted(table) == sorted(EXACT)
+  for name, (sizes, params) in table.items():
+    assert sizes == PRESETS[name], name
+    assert params == f"{EXACT[name] / 1e6:.2f}", name
 
 
 def test_preset_sizes_and_overrides():

@@ -8,7 +8,6 @@ import pytest
 
 from conftest import jit_model, random_ids, tiny_config
 from jaxencoder import Encoder
-from jaxencoder.pooling import max_pool, mean_pool
 
 
 def run(cfg, inputs, **kwargs):
@@ -74,15 +73,9 @@ def test_bfloat16_compute_keeps_float32_params():
   assert out.last_hidden_state.dtype == jnp.bfloat16
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nn.meta.unbox(variables)))
   ref, _ = run(tiny_config(), random_ids(0, (2, 8)))
-  np.testing.assert_allclose(out.last_hidden_state.astype(jnp.float32),
-                             ref.last_hidden_state, atol=0.1)
-
-
-def test_pooling_functions_ignore_padding():
-  x = jnp.array([[[1.0, -2.0], [3.0, 4.0], [100.0, 100.0]]])
-  mask = jnp.array([[1, 1, 0]])
-  np.testing.assert_allclose(mean_pool(x, mask), [[2.0, 1.0]])
-  np.testing.assert_allclose(max_pool(x, mask), [[3.0, 4.0]])
+  error = np.abs(np.asarray(out.last_hidden_state, np.float32) - ref.last_hidden_state)
+  # Measured (jax 0.10.2, CPU): max 0.023 and mean 0.0027 on states up to ~3 in size.
+  assert error.max() < 0.04 and error.mean() < 0.005, (error.max(), error.mean())
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
@@ -90,18 +83,24 @@ def test_every_kernel_carries_logical_axis_names(scan_layers):
   cfg = tiny_config(scan_layers=scan_layers, pooler_dense=True, pooling="attention",
                     position_embedding="relative")
   variables = Encoder(cfg).init(jax.random.key(0), random_ids(0, (1, 8)))
-  boxed = jax.tree.leaves(variables, is_leaf=lambda x: isinstance(x, nn.Partitioned))
-  assert boxed and all(isinstance(b, nn.Partitioned) for b in boxed)
+  boxed = jax.tree_util.tree_flatten_with_path(
+      variables, is_leaf=lambda x: isinstance(x, nn.Partitioned))[0]
+  assert boxed and all(isinstance(b, nn.Partitioned) for _, b in boxed)
   known = {None, "vocab", "embed", "mlp", "heads", "kv", "layers"}
-  for box in boxed:
+  stacked = 0
+  for path, box in boxed:
     assert len(box.names) == box.value.ndim
     assert set(box.names) <= known
-    assert ("layers" in box.names) == (scan_layers and "layers" in str(box))
+    # The stacked [N] axis leads and is named 'layers' exactly in the scanned stack's subtree.
+    in_stack = "layers" in [k.key for k in path]
+    assert box.names.count("layers") == int(in_stack), (path, box.names)
+    assert (box.names[0] == "layers") == in_stack, (path, box.names)
+    stacked += in_stack
+  assert (stacked > 0) == scan_layers
 
 
+@pytest.mark.mesh
 def test_logical_sharding_under_a_mesh_gives_the_same_outputs():
-  if jax.device_count() < 8:
-    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
   devices = np.array(jax.devices()[:8]).reshape(2, 2, 2)
   mesh = jax.sharding.Mesh(devices, ("data", "fsdp", "tensor"))
   rules = (("act_batch", "data"), ("act_len", None), ("act_embed", "tensor"),
@@ -150,18 +149,41 @@ def test_bad_text_input_is_named(text_model, inputs, kwargs, message):
   assert message in str(err.value)
 
 
-def test_token_range_is_checked_under_jit_only_in_checked_mode(text_model):
+@pytest.mark.parametrize("check_ids", [False, True])
+@pytest.mark.parametrize("bad_id", [97, 500, -1])
+def test_out_of_vocabulary_ids_raise_eagerly_always_and_under_jit_when_checked(
+    text_model, check_ids, bad_id):
+  """EncoderConfig.check_ids: outside jit ids are always range-checked; under jit only
+  with check_ids=True (a host callback that raises when the step runs)."""
+  base, variables = text_model
+  model = Encoder(base.cfg.replace(check_ids=check_ids))
+  ids = np.array([[5, 7, bad_id, 1]], np.int32)
+  message = rf"input_ids\[0, 2\] = {bad_id}, outside \[0, 97\)"
+  with pytest.raises(ValueError, match=message):
+    model.apply(variables, ids)
+  jitted = jax.jit(model.apply)
+  if check_ids:
+    with pytest.raises(Exception, match=message):
+      jax.block_until_ready(jitted(variables, ids))
+  else:
+    out = jax.block_until_ready(jitted(variables, ids))  # unchecked: no error
+    if bad_id >= 97:  # the gather fills NaN: never another token's row, silently
+      assert np.isnan(np.asarray(out.last_hidden_state)).any()
+
+
+def test_checked_ids_under_jit_give_the_eager_values(text_model):
   model, variables = text_model
-  bad = np.array([[5, 7, 97, 1]], np.int32)
-  jax.jit(model.apply)(variables, bad)  # unchecked: no error (the gather clamps)
   checked = Encoder(model.cfg.replace(check_ids=True))
-  good = np.array([[5, 7, 96, 1]], np.int32)
+  good = np.array([[5, 7, 96, 0]], np.int32)
   np.testing.assert_allclose(jax.jit(checked.apply)(variables, good).pooled,
                              model.apply(variables, good).pooled, atol=1e-6)
-  for ids, message in ((bad, r"input_ids\[0, 2\] = 97, outside \[0, 97\)"),
-                       (-bad, r"input_ids\[0, 2\] = -97, outside")):
-    with pytest.raises(Exception, match=message):
-      jax.block_until_ready(jax.jit(checked.apply)(variables, ids))
+
+
+def test_negative_ids_under_unchecked_jit_are_not_silently_another_tokens_row(text_model):
+  model, variables = text_model
+  out = jax.jit(model.apply)(variables, np.array([[5, 7, -1, 1]], np.int32))
+  wrapped = jax.jit(model.apply)(variables, np.array([[5, 7, 96, 1]], np.int32))
+  assert not np.allclose(out.last_hidden_state, wrapped.last_hidden_state, equal_nan=True)
 
 
 @pytest.mark.parametrize("images, message", [

@@ -127,6 +127,7 @@ def test_sigint_also_stops_with_a_checkpoint(corpus, tmp_path, monkeypatch):
   assert stopped.value.signal_name == "SIGINT" and stopped.value.step == STOP_AT
 
 
+@pytest.mark.slow
 def test_train_py_sigterm_after_a_log_line_exits_75_with_the_saved_step(corpus, tmp_path):
   """The reported case: eval every 10 steps, checkpoints every 1000, SIGTERM right after
   the step-10 train log line."""

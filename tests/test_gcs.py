@@ -181,6 +181,7 @@ def wait_for_object(gcs, name, proc, timeout=240):
     time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_train_py_on_gcs_is_killed_and_resumes(gcs, tmp_path):
   local = tmp_path / "data"
   fake_shakespeare(local)

@@ -234,6 +234,7 @@ def test_convert_refuses_a_non_empty_target_and_overwrite_replaces_all_of_it(tmp
 
 
 @needs_minilm
+@pytest.mark.slow
 def test_train_py_fine_tunes_a_converted_minilm_without_model_flags(tmp_path):
   """The README's path: convert, then train.py with init_from and no --config.model.*."""
   import subprocess
@@ -355,3 +356,25 @@ def test_live_masked_lm_head_matches_pytorch_both_ways(torch_transformers, tmp_p
       theirs = model(input_ids=torch.as_tensor(ids_BxL),
                      attention_mask=torch.as_tensor(mask_BxL)).logits.numpy()
     assert np.abs(np.asarray(ours_BxLxV) - theirs).max() < 1e-4
+
+
+def test_convert_cli_takes_a_train_py_run_to_hugging_face_and_back(tmp_path, mlm_run, capsys):
+  """jaxencoder-convert as typed: a train.py workdir -> HF BERT dir -> (python -m ...
+  convert) a scanned init_from checkpoint; a non-empty --to exits 2 naming the fix."""
+  from jaxencoder.pretrained.__main__ import main
+  main(["--from", str(mlm_run.workdir), "--to", str(tmp_path / "hf")])
+  assert capsys.readouterr().out.strip() == f"wrote Hugging Face BERT directory {tmp_path / 'hf'}"
+  cfg, params, tokenizer = load(tmp_path / "hf")
+  trained = run_dir.RunDir.open(mlm_run.workdir)
+  assert cfg.num_layers == 3 and tokenizer.vocab_size == mlm_run.config.model.vocab_size
+  assert set(params) == {"encoder", "mlm_head"}  # an MLM run becomes BertForMaskedLM
+  chex.assert_trees_all_equal(params["encoder"], jax.device_get(trained.restore_encoder()))
+  main(["convert", "--from", str(tmp_path / "hf"), "--to", str(tmp_path / "back"),
+        "--scan_layers"])
+  assert f"--config.init_from={tmp_path / 'back'}" in capsys.readouterr().out
+  back = run_dir.RunDir.open(tmp_path / "back")
+  assert back.model_config().scan_layers and back.model_config().num_layers == 3
+  with pytest.raises(SystemExit) as exit_info:
+    main(["--from", str(tmp_path / "hf"), "--to", str(tmp_path / "back")])
+  assert exit_info.value.code == 2
+  assert "is not empty; choose a new --to or pass --overwrite" in capsys.readouterr().err

@@ -176,3 +176,34 @@ def test_health_calls_a_steadily_falling_run_healthy():
   train = 3.0 * np.exp(-np.linspace(0, 2, 100))
   report = health.training_health(records(train, 1.05 * train[9::10]))
   assert report["flags"] == [] and report["verdict"] == "healthy"
+
+
+def test_punctuation_share_is_the_attention_mass_on_punctuation_tokens():
+  """[CLS] the cat , sat . [SEP]: heads putting all, half or none of each query's weight
+  on the ',' and '.' tokens; '##s' and the specials are not punctuation."""
+  from data_helpers import VOCAB, tiny_tokenizer
+  tokenizer = tiny_tokenizer()
+  punct_V = attention_stats.punctuation_table(tokenizer)
+  assert sorted(VOCAB[i] for i in np.flatnonzero(punct_V)) == [",", "."]
+  ids = np.array([[VOCAB.index(t) for t in "[CLS] the cat , sat . [SEP]".split()]])
+  groups = attention_stats.token_groups(ids, tokenizer, punct_V)
+  np.testing.assert_array_equal(groups["punct"], [[0, 0, 0, 1, 0, 1, 0]])
+  length = ids.shape[1]
+  rows = {"all": np.array([0, 0, 0, 0.5, 0, 0.5, 0]),
+          "half": np.array([0.25, 0, 0, 0.25, 0.25, 0.25, 0]),
+          "none": np.full(length, 1 / 5) * (groups["punct"][0] == 0)}
+  probs_1xHxLxL = jnp.asarray(np.stack([np.tile(r, (length, 1)) for r in rows.values()])[None])
+  sums = attention_stats.head_sums(probs_1xHxLxL, jnp.ones((1, length)), groups, threshold=0.1)
+  means = attention_stats.head_means({k: np.asarray(v)[None] for k, v in sums.items()})
+  np.testing.assert_allclose(means["punct"][0], [1.0, 0.5, 0.0], atol=1e-6)
+  np.testing.assert_allclose(means["cls"][0], [0.0, 0.25, 0.2], atol=1e-6)
+
+
+def test_health_flags_a_plateau_when_the_loss_stops_falling():
+  falling_then_flat = np.concatenate([np.linspace(4.0, 1.0, 60), np.full(40, 1.0)])
+  report = health.training_health(records(falling_then_flat))
+  assert report["plateau"] and report["flags"] == ["plateau"]
+  assert report["verdict"] == "plateau" and report["end_change"] < 0.01
+  still_falling = np.linspace(4.0, 1.0, 100)  # the last two windows differ by ~9%
+  assert not health.training_health(records(still_falling))["plateau"]
+  assert not health.training_health(records([3.0, 3.0, 3.0]))["plateau"]  # too short to say

@@ -46,14 +46,11 @@ def test_a_prediction_does_not_depend_on_its_batch(classify_run):
   assert together == alone
 
 
-def test_embeddings_of_an_mlm_run_are_its_pooled_encoder_outputs(tmp_path):
-  vocab = th.write_vocab(tmp_path)
-  config = th.tiny_config(tmp_path, th.text_corpus(tmp_path), vocab)
-  config.num_train_steps = 2
-  loop.train_and_evaluate(config, tmp_path / "mlm")
-  p = predict.load(tmp_path / "mlm")
+def test_embeddings_of_an_mlm_run_are_its_pooled_encoder_outputs(mlm_run):
+  config = mlm_run.config
+  p = predict.load(mlm_run.workdir)
   vectors_NxD = predict.predict(p, ["the cat sat", "a dog"])
-  run = RunDir.open(tmp_path / "mlm")
+  run = RunDir.open(mlm_run.workdir)
   batch = p.tokenizer.encode_batch(["the cat sat"])
   expected = Encoder(run.model_config()).apply({"params": run.restore_encoder()},
                                                batch["input_ids"], batch["attention_mask"])

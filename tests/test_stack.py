@@ -1,6 +1,7 @@
 """The layer stack: scan vs loop, remat, dropout, and learning with both norm placements."""
 
 import importlib.util
+import itertools
 import math
 import pathlib
 
@@ -135,14 +136,22 @@ def test_both_norm_placements_learn_a_memorisation_task(norm_position, norm):
   assert last < 0.1 * first
 
 
-@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "swiglu", "geglu"])
-def test_every_activation_runs_and_differs(activation):
+def test_every_activation_runs_in_the_encoder_and_differs():
+  """Same params, another activation: other outputs (each formula: test_activations_and_norms).
+  Weights of std 0.5 put pre-activations at O(1), where gelu and its tanh form part (at
+  BERT's 0.02 they agree to 1e-7)."""
   ids = random_ids(0, (1, 5))
-  variables, apply = jit_model(tiny_config(activation=activation), ids)
-  out = apply(variables, ids).last_hidden_state
-  assert bool(jnp.all(jnp.isfinite(out)))
-  wi = "wi_gate" if activation in ("swiglu", "geglu") else "wi"
-  assert wi in variables["params"]["layers_0"]["ffn"]
+  outs = {}
+  for activation in ("gelu", "gelu_tanh", "relu", "swiglu", "geglu"):
+    cfg = tiny_config(activation=activation, initializer_range=0.5)
+    variables, apply = jit_model(cfg, ids)
+    outs[activation] = np.asarray(apply(variables, ids).last_hidden_state)
+    assert np.all(np.isfinite(outs[activation]))
+    gated = activation in ("swiglu", "geglu")
+    assert set(variables["params"]["layers_0"]["ffn"]) == (
+        {"wi_gate", "wi_up", "wo"} if gated else {"wi", "wo"})
+  for a, b in itertools.combinations(outs, 2):
+    assert np.abs(outs[a] - outs[b]).max() > 1e-4, (a, b)
 
 
 @pytest.mark.parametrize("overrides", [

@@ -47,3 +47,45 @@ def test_mlm_at_masked_positions_equals_full_logits_loss_and_gradients(scan_laye
   assert float(sums["dropped"]) == 0.0
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                grads, full_grads)
+
+
+def test_macro_f1_and_accuracy_of_a_hand_built_confusion_matrix():
+  """gold 0 0 0 0 1 1 1 2 2 2 / pred 0 0 1 2 1 1 0 2 2 1 (+ one weight-0 row):
+  per class (tp, fp, fn) = (2, 1, 2), (2, 2, 1), (2, 1, 1); F1 = 4/7, 4/7, 4/6."""
+  gold = jnp.array([0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2])
+  pred = jnp.array([0, 0, 1, 2, 1, 1, 0, 2, 2, 1, 0])
+  weights = jnp.array([1.0] * 10 + [0.0])  # a padding row counts nowhere
+  logits = jax.nn.one_hot(pred, 3) * 5.0
+  sums = {**tasks._weighted_ce(logits, gold, weights),
+          **tasks._confusion(logits, gold, weights, 3)}
+  np.testing.assert_array_equal(sums["tp"], [2, 2, 2])
+  np.testing.assert_array_equal(sums["fp"], [1, 2, 1])
+  np.testing.assert_array_equal(sums["fn"], [2, 1, 1])
+  metrics = tasks.summarize(sums)
+  assert metrics["accuracy"] == pytest.approx(6 / 10)
+  assert metrics["f1_macro"] == pytest.approx((4 / 7 + 4 / 7 + 4 / 6) / 3, rel=1e-6)
+  # Sums over two halves of the batch summarise to the same values (eval over a split).
+  halves = [{**tasks._weighted_ce(logits[s], gold[s], weights[s]),
+             **tasks._confusion(logits[s], gold[s], weights[s], 3)}
+            for s in (slice(0, 5), slice(5, None))]
+  total = jax.tree.map(lambda a, b: a + b, *halves)
+  assert tasks.summarize(total) == pytest.approx(metrics)
+
+
+def test_mlm_drops_masked_tokens_beyond_max_predictions_and_counts_them():
+  """Rows with 5 and 1 masked tokens, max_predictions 2: the first 2 (and the 1) are
+  predicted, 3 are dropped; the loss is the full-logits loss at exactly those positions."""
+  cfg = tiny_config()
+  ids = random_ids(0, (2, 12))
+  weights = jnp.zeros((2, 12)).at[0, jnp.array([1, 3, 4, 8, 10])].set(1.0).at[1, 6].set(1.0)
+  batch = {"input_ids": ids, "attention_mask": jnp.ones_like(ids),
+           "mlm_labels": random_ids(2, (2, 12)), "mlm_weights": weights}
+  gathered = tasks.make_task("mlm", cfg, max_predictions=2)
+  full = tasks.make_task("mlm", cfg, max_predictions=0)
+  params = nn.meta.unbox(full.model.init(jax.random.key(0), *full.example_batch(batch))["params"])
+  _, sums = jax.jit(lambda p: gathered.loss_fn(p, batch, jax.random.key(0), False))(params)
+  kept = jnp.zeros((2, 12)).at[0, jnp.array([1, 3])].set(1.0).at[1, 6].set(1.0)
+  _, expected = full.loss_fn(params, {**batch, "mlm_weights": kept}, jax.random.key(0), False)
+  assert float(sums["dropped"]) == 3.0 and float(sums["loss_weight"]) == 3.0
+  np.testing.assert_allclose(sums["loss_sum"], expected["loss_sum"], rtol=1e-5)
+  assert tasks.summarize(sums)["dropped_predictions"] == 3.0

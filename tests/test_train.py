@@ -112,10 +112,9 @@ def test_rerun_resumes_and_matches_an_uninterrupted_run(corpus, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.mesh
 def test_losses_equal_across_meshes_on_8_devices(corpus):
   """The default config's task and optimizer on 1 device and on 8 as data/fsdp/tensor/mixed."""
-  if jax.device_count() < 8:
-    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
   root, source, vocab = corpus
   config = finalize(th.tiny_config(root, source, vocab))
   pipelines = make_pipelines(config)
@@ -140,9 +139,8 @@ def test_losses_equal_across_meshes_on_8_devices(corpus):
   assert len(set(np.round(losses[(1, 1, 1)], 4))) > 1  # the runs really trained
 
 
+@pytest.mark.mesh
 def test_checkpoint_restores_onto_another_mesh(corpus, tmp_path):
-  if jax.device_count() < 8:
-    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
   root, source, vocab = corpus
   config = th.tiny_config(root, source, vocab)
   config.optim.total_steps = 6
@@ -171,16 +169,13 @@ def test_nan_loss_stops_with_the_step_and_saves_no_nan(corpus, tmp_path):
   assert all(np.all(np.isfinite(x)) for x in leaves)
 
 
-def test_init_from_loads_the_encoder_into_a_new_head(corpus, tmp_path):
+def test_init_from_loads_the_encoder_into_a_new_head(corpus, mlm_run, tmp_path):
   root, source, vocab = corpus
-  config = th.tiny_config(root, source, vocab)
-  config.num_train_steps = 3
-  train_and_evaluate(config, tmp_path / "mlm")
-  mlm_encoder = final_params(config, tmp_path / "mlm")["encoder"]
+  mlm_encoder = final_params(mlm_run.config, mlm_run.workdir)["encoder"]
   cls = th.tiny_config(root, source, vocab)
   cls.task, cls.data.kind = "classify", "text_classification"
   cls.data.source, cls.data.eval_split = th.classification_set(tmp_path), "test"
-  cls.init_from = str(tmp_path / "mlm")
+  cls.init_from = str(mlm_run.workdir)
   cls.optim.freeze_encoder = True
   cls.num_train_steps = 3
   train_and_evaluate(cls, tmp_path / "cls")
@@ -189,20 +184,17 @@ def test_init_from_loads_the_encoder_into_a_new_head(corpus, tmp_path):
   assert "head" in after
 
 
-def test_init_from_takes_the_stored_architecture_and_overrides_win(corpus, tmp_path):
+def test_init_from_takes_the_stored_architecture_and_overrides_win(corpus, mlm_run, tmp_path):
   root, source, vocab = corpus
-  config = th.tiny_config(root, source, vocab, num_layers=3)
-  config.num_train_steps = 3
-  train_and_evaluate(config, tmp_path / "mlm")
   # A config for another architecture: init_from brings the stored one (3 layers, 32 wide).
   other = th.tiny_config(root, source, vocab, emb_dim=48, num_layers=1, dropout_rate=0.3)
-  other.init_from = str(tmp_path / "mlm")
+  other.init_from = str(mlm_run.workdir)
   changes = adopt_init_from_model(other)
   assert "model.emb_dim: 48 -> 32" in changes and "model.num_layers: 1 -> 3" in changes
   assert other.model.dropout_rate == 0.3  # how to run it stays this config's
   # An explicit model override wins, and a shape that cannot load names param and shapes.
   wide = th.tiny_config(root, source, vocab, num_layers=3)
-  apply_overrides(wide, [f"init_from={tmp_path / 'mlm'}", "model.emb_dim=48"])
+  apply_overrides(wide, [f"init_from={mlm_run.workdir}", "model.emb_dim=48"])
   assert tuple(wide.model_overrides) == ("emb_dim",)
   with pytest.raises(ValueError, match=r"(?s)init_from=.*embeddings/token_embed/embedding: "
                                        r"checkpoint \(\d+, 32\) vs model \(\d+, 48\)"):
@@ -279,6 +271,7 @@ def _wait_for_checkpoint(workdir, step, proc, timeout=240):
     time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_kill_minus_9_loses_only_steps_since_the_last_save(corpus, tmp_path):
   steps_total = 60
   proc = _start(corpus, tmp_path / "killed", steps_total)
@@ -303,6 +296,7 @@ def test_kill_minus_9_loses_only_steps_since_the_last_save(corpus, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_before_exit(corpus, tmp_path):
   proc = _start(corpus, tmp_path, 10_000)
   try:
@@ -332,3 +326,25 @@ def test_pmap_mode_matches_jit_and_shares_checkpoints(corpus, tmp_path):
   train_and_evaluate(config("pmap", 6), tmp_path / "back")  # jit checkpoint -> pmap
   np.testing.assert_allclose(train_losses(tmp_path / "back"), train_losses(tmp_path / "jit"),
                              atol=1e-5)
+
+
+@pytest.mark.parametrize("best_metric, scripted, kept", [
+    ("loss", {3: 1.0, 6: 2.0, 9: 3.0}, [3, 9]),  # lower is better
+    ("accuracy", {3: 0.2, 6: 0.9, 9: 0.1}, [6, 9]),  # higher is better
+])
+def test_keeps_the_latest_and_the_best_checkpoint_by_eval_metric(
+    corpus, tmp_path, monkeypatch, best_metric, scripted, kept):
+  """keep_checkpoints=1 with evals at steps 3, 6, 9 (scripted values): the latest step and
+  the best one by `best_metric` stay on disk."""
+  from jaxencoder.train import loop
+  def scripted_eval(run, eval_step, signals=None):
+    value = scripted[int(run.state.step)]
+    return {"loss": value, "accuracy": value}
+  monkeypatch.setattr(loop, "evaluate", scripted_eval)
+  root, source, vocab = corpus
+  config = th.tiny_config(root, source, vocab)
+  config.num_train_steps, config.eval_every, config.checkpoint_every = 9, 3, 3
+  config.keep_checkpoints, config.best_metric, config.log_every = 1, best_metric, 9
+  train_and_evaluate(config, tmp_path)
+  saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved == kept

@@ -101,3 +101,21 @@ def tiny_config(root: pathlib.Path, source: str, vocab: pathlib.Path, **model_ov
   c.optim.warmup_steps = 1
   c.progress_bar = False
   return c
+
+
+def train_losses(workdir) -> list[float]:
+  """The train loss of every logged step of a run, in order."""
+  from jaxencoder.train.metrics import read_metrics
+  return [r["loss"] for r in read_metrics(workdir) if r["split"] == "train"]
+
+
+def final_params(config, workdir):
+  """The params of the latest checkpoint in workdir, on the host."""
+  import jax
+  from jaxencoder.train.config import finalize
+  from jaxencoder.train.loop import setup
+  run = setup(finalize(config), workdir)
+  params = jax.device_get(run.state.params)
+  run.checkpointer.close()
+  run.writer.close()
+  return params

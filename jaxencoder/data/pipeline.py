@@ -12,11 +12,15 @@ Batch keys (dicts of numpy arrays; B batch, L length):
   positions       [B, L] int32   position within its own segment (restarts at 0)
   mlm_labels      [B, L] int32   original ids (MLM only)
   mlm_weights     [B, L] float32 1.0 where a token was chosen for prediction (MLM only)
+  mlm_positions   [B, M] int32   the chosen positions first (electra, mlm_nsp, mlm_sop)
+  pair_labels     [B] int32      sentence pairs (data/pairs.py): 1 = swapped (SOP) or not next (NSP)
   labels          [B] int32 (sequence / image / series tasks) or [B, L] (token tasks)
   example_weights [B] float32   1.0 for real rows, 0.0 for fill rows (sequence / image / series)
   label_weights   [B, L] float32 token tasks: 1.0 on each word's first sub-word
   images          [B, H, W, C] float32 normalised
   inputs          [B, L, F] float32 time series (attention_mask [B, L] marks real steps)
+  text_records tasks (span, multilabel, regression, multiple_choice, contrastive pairs):
+                  their keys in data/records.py; example_index [B] int32 when asked
 A short final batch (finite epochs, drop_remainder=False) is filled with
 all-padding rows (masks and weights 0) so that every batch has shape [B, ...].
 
@@ -36,7 +40,7 @@ import grain
 import numpy as np
 
 from jaxencoder.data import mlm as mlm_lib
-from jaxencoder.data import packing
+from jaxencoder.data import packing, records
 from jaxencoder.data.readers import DataError
 
 TEXT_KEYS = ("input_ids", "token_type_ids")
@@ -240,6 +244,23 @@ def tagging_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
 
   return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads,
                        shard_index, shard_count)
+
+
+def records_pipeline(source, tokenizer, *, task: str, seq_len: int, batch_size: int,
+                     num_labels: int | None = None, index_examples: bool = False,
+                     seed: int | None = 0, num_epochs: int | None = 1, shard_index=None,
+                     shard_count=None, drop_remainder: bool = False,
+                     num_threads: int = 0) -> grain.IterDataset:
+  """text_records batches for `task` (columns and arrays: data/records.py);
+  `index_examples` adds `example_index` [B], each row's place in `source`."""
+  ds = grain.MapDataset.source(source)
+  if index_examples:
+    ds = ds.map_with_index(lambda i, ex: {**ex, "example_index": i})
+  if seed is not None:
+    ds = ds.shuffle(seed=seed)
+  ds = ds.repeat(num_epochs).map(records.features(task, tokenizer, seq_len,
+                                                  num_labels=num_labels))
+  return _iter_batches(ds, batch_size, drop_remainder, num_threads, shard_index, shard_count)
 
 
 def image_pipeline(source, *, batch_size: int, mean: float = 0.5, std: float = 0.5,

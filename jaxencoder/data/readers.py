@@ -206,6 +206,29 @@ def _classification_example(path, no, text, text_b, label, labels) -> dict:
   return {"text": text, "text_b": text_b, "label": label}
 
 
+# --- text records ----------------------------------------------------------------------
+def read_records(path, *, encoding: str = "utf-8") -> Iterator[dict]:
+  """CSV / TSV rows with a header → {column: str, "origin": "file:line"}; every row must
+  have the header's number of fields."""
+  delimiter = "\t" if str(path).lower().endswith(".tsv") else ","
+  csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
+  reader = csv.reader(io.StringIO(read_text(path, encoding), newline=""), delimiter=delimiter)
+  names, count = None, 0
+  for no, row in _csv_records(path, reader):
+    if names is None:
+      names = [h.strip() for h in row]
+      if "origin" in names or len(set(names)) != len(names) or not all(names):
+        raise DataError(f"{where(path, no)}: header {','.join(names)!r} needs distinct, "
+                        "non-empty column names other than 'origin'")
+      continue
+    if len(row) != len(names):
+      raise DataError(f"{where(path, no)}: {len(row)} fields, the header has {len(names)}")
+    yield {**dict(zip(names, row)), "origin": where(path, no)}
+    count += 1
+  if not count:
+    raise DataError(f"{where(path)}: no rows below the header")
+
+
 # --- tagged tokens ---------------------------------------------------------------------
 def read_tagged(path, tags: Sequence[str] | None = None, *,
                 encoding: str = "utf-8") -> Iterator[dict]:

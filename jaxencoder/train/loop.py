@@ -20,6 +20,7 @@ import tqdm
 
 from jaxencoder.encoder import ENCODER
 from jaxencoder.train import distributed
+from jaxencoder.train.compilation_cache import use_compilation_cache
 from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
 from jaxencoder.io.checkpoint import Checkpointer
@@ -30,7 +31,7 @@ from jaxencoder.train.parallel import make_stepper
 from jaxencoder.train.pipelines import Pipelines, make_pipelines
 from jaxencoder.train.stop import Preempted, StopSignals
 from jaxencoder.train.tasks import Task, make_task, summarize
-from jaxencoder.train.config import config_changes, encoder_config, finalize
+from jaxencoder.train.config import RNG_IMPLS, config_changes, encoder_config, finalize
 
 log = logging.getLogger("jaxencoder")
 
@@ -55,6 +56,14 @@ class Run:
   writer: MetricWriter
   state: steps.TrainState = None
   train_iter: Any = None
+  timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds, for the log
+
+
+def rng_key(config: ml_collections.ConfigDict, offset: int = 0) -> jax.Array:
+  """The key `config.seed + offset` in `config.rng_impl` (the dropout streams). Params
+  are always initialised from threefry: init runs once, so its cost does not matter, and
+  a seed then gives the same initial weights under any rng_impl, backend and sharding."""
+  return jax.random.key(config.seed + offset, impl=RNG_IMPLS[config.rng_impl])
 
 
 def build_task(config, pipelines: Pipelines) -> Task:
@@ -85,36 +94,40 @@ def setup(config: ml_collections.ConfigDict, workdir) -> Run:
   example = peek(train_iter)
   mesh = sharding_lib.make_mesh(config.mesh_shape)
   rules = sharding_lib.rules_from_config(config.logical_axis_rules)
-  tx, schedule = make_optimizer(config.optim, steps.param_shapes(task, example),
+  boxed = steps.boxed_param_shapes(task, example)  # the one trace of the model's init
+  tx, schedule = make_optimizer(config.optim, steps.param_shapes(task, example, boxed=boxed),
                                 num_layers=config.model.num_layers)
   checkpointer = run_dir.checkpointer(
       save_interval_steps=config.checkpoint_every,
       max_to_keep=config.keep_checkpoints, best_metric=f"eval_{config.best_metric}",
       best_mode="min" if config.best_metric == "loss" else "max")
   run = Run(config, run_dir, task, pipelines, mesh, rules, tx, schedule,
-            steps.state_shardings(task, tx, example, mesh, rules), checkpointer,
+            steps.state_shardings(task, tx, example, mesh, rules, boxed=boxed), checkpointer,
             writer=None, train_iter=train_iter)
-  run.state = restore_or_init(run, example)
+  started = time.perf_counter()
+  run.state = jax.block_until_ready(restore_or_init(run, example, boxed))
+  run.timings["state_init_s"] = time.perf_counter() - started
   if jax.process_index() == 0:  # metrics past the restored step were never made durable
     run_dir.drop_metrics_after(int(run.state.step))
   run.writer = MetricWriter(run_dir.path, enabled=jax.process_index() == 0)
   return run
 
 
-def restore_or_init(run: Run, example) -> steps.TrainState:
+def restore_or_init(run: Run, example, boxed=None) -> steps.TrainState:
   """The newest restorable checkpoint (state + data position), else fresh params
-  (+ init_from)."""
+  (+ init_from). `boxed`: the params' boxed shapes, if known."""
   config = run.config
   if run.checkpointer.latest_step() is not None:
     check_config_unchanged(run)
-    abstract = steps.abstract_state(run.task, run.tx, example, run.mesh, run.rules)
+    abstract = steps.abstract_state(run.task, run.tx, example, run.mesh, run.rules,
+                                    shardings=run.shardings, boxed=boxed)
     step, state, data_state, _ = run.checkpointer.restore_newest(abstract_state=abstract)
     restore_data_position(run.train_iter, data_state, step)
     log.info("resumed from step %d (%s)", step, run.checkpointer.directory / str(step))
     return state
   log.info("fresh run in %s", run.run_dir.path)
   state = steps.init_state(run.task, run.tx, example, jax.random.key(config.seed),
-                           run.mesh, run.rules)
+                           run.mesh, run.rules, shardings=run.shardings)
   if config.init_from:
     state = load_encoder(state, config.init_from, run.shardings)
   return state
@@ -217,9 +230,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
   SIGTERM / SIGINT save the latest finished step and raise `Preempted` (see train/stop.py).
   """
+  started = time.perf_counter()
   config = finalize(ml_collections.ConfigDict(config.to_dict()))
+  use_compilation_cache(config.compilation_cache_dir)
   with StopSignals() as signals:
     run = setup(config, workdir)
+    run.timings["setup_s"] = time.perf_counter() - started
     try:
       metrics = _train(run, signals)
     finally:
@@ -241,6 +257,7 @@ def evaluate_run(config: ml_collections.ConfigDict | None, workdir) -> dict[str,
     config = ml_collections.ConfigDict(source.read_config())
     config.init_from = ""  # the run's own checkpoint holds the weights
   config = finalize(ml_collections.ConfigDict(config.to_dict()))
+  use_compilation_cache(config.compilation_cache_dir)
   run = setup(config, workdir)
   try:
     eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
@@ -260,10 +277,11 @@ def _stop(run: Run, signals: StopSignals) -> Preempted:
 
 def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   config = run.config
-  stepper = make_stepper(config.parallelism, run.task, run.tx, jax.random.key(config.seed + 1),
+  stepper = make_stepper(config.parallelism, run.task, run.tx, rng_key(config, 1),
                          run.shardings, run.mesh, run.rules, run.state, peek(run.train_iter))
   eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
   start = int(run.state.step)
+  startup = _log_startup(run, stepper, resumed=start > 0)
   state = stepper.from_canonical(run.state)
   eval_metrics: dict[str, float] = {}
   bar = tqdm.tqdm(total=config.num_train_steps, initial=start, dynamic_ncols=True,
@@ -285,6 +303,9 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
     if log_now:
       tick = _log_train(run, window, done, tick, host_batch, stepper.flops, bar)
       window = []
+      if startup:  # once per process start, after the first train row
+        run.writer.write(start + 1, "startup", startup)
+        startup = None
     if eval_now:
       eval_metrics = evaluate(run, eval_step, signals)
       if eval_metrics is None:  # a signal during eval: save this step without its metrics
@@ -308,6 +329,17 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
     if eval_metrics is None:
       raise _stop(run, signals)
   return eval_metrics
+
+
+def _log_startup(run: Run, stepper, resumed: bool) -> dict[str, float]:
+  """Logs the seconds to a ready state and to compile the train step; the same values
+  for metrics.jsonl (split "startup", written with the first train row)."""
+  times = {**run.timings, "compile_s": stepper.compile_seconds,
+           "trace_s": stepper.trace_seconds}
+  log.info("setup %.1f s (state %s %.1f s), first step compiled in %.1f s (tracing %.1f s)",
+           times["setup_s"], "restore" if resumed else "init", times["state_init_s"],
+           times["compile_s"], times["trace_s"])
+  return times
 
 
 def _log_train(run: Run, window, done: int, tick: float, batch, flops, bar) -> float:

@@ -1,10 +1,14 @@
 """How the loop runs steps: jit over a mesh (the default) or pmap (compatibility).
 
 Both take host batches and keep the checkpointed state in one canonical layout
-(the jit path's sharded TrainState), so checkpoints move freely between them.
+(the jit path's sharded TrainState), so checkpoints move freely between them. Both
+compile the step ahead of time, timing it: `trace_seconds` to lower (trace the model),
+`compile_seconds` in all.
 """
 
 from __future__ import annotations
+
+import time
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +19,15 @@ from jaxencoder.train import steps
 from jaxencoder.train.metrics import compiled_flops
 
 
+def _compile(fn, *args):
+  """(compiled fn, seconds to lower, seconds in all)."""
+  started = time.perf_counter()
+  lowered = fn.lower(*args)
+  traced = time.perf_counter()
+  compiled = lowered.compile()
+  return compiled, traced - started, time.perf_counter() - started
+
+
 class JitStepper:
   """`train_step` jitted with NamedShardings over the run's mesh, state donated."""
 
@@ -22,7 +35,8 @@ class JitStepper:
     self.mesh, self.rules = mesh, rules
     jitted = steps.jit_train_step(task, tx, base_rng, shardings, mesh)
     with steps.mesh_context(mesh, rules):
-      self._step = jitted.lower(state, self.put(host_batch)).compile()
+      self._step, self.trace_seconds, self.compile_seconds = _compile(
+          jitted, state, self.put(host_batch))
     self.flops = compiled_flops(self._step)
 
   def put(self, host_batch):
@@ -44,7 +58,7 @@ class PmapStepper:
 
   AXIS = "batch"
 
-  def __init__(self, task, tx, base_rng, shardings):
+  def __init__(self, task, tx, base_rng, shardings, state, host_batch):
     if jax.process_count() > 1:
       raise ValueError("parallelism='pmap' is single-process; use the default 'jit'")
     self.devices = jax.local_device_count()
@@ -52,9 +66,13 @@ class PmapStepper:
     self.flops = None
     step = lambda state, batch, rng: steps.train_step(state, batch, task=task, tx=tx,
                                                       base_rng=rng, axis_name=self.AXIS)
-    self._step = jax.pmap(step, axis_name=self.AXIS, donate_argnums=0)
     # One dropout key per device, so devices do not drop the same units.
     self._rngs = jax.vmap(lambda i: jax.random.fold_in(base_rng, i))(jnp.arange(self.devices))
+    replicas = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((self.devices,) + x.shape, x.dtype), state)
+    self._step, self.trace_seconds, self.compile_seconds = _compile(
+        jax.pmap(step, axis_name=self.AXIS, donate_argnums=0), replicas,
+        self.put(host_batch), self._rngs)
 
   def put(self, host_batch):
     def split(x):
@@ -85,5 +103,5 @@ def make_stepper(parallelism: str, task, tx, base_rng, shardings, mesh, rules, s
   if parallelism == "jit":
     return JitStepper(task, tx, base_rng, shardings, mesh, rules, state, host_batch)
   if parallelism == "pmap":
-    return PmapStepper(task, tx, base_rng, shardings)
+    return PmapStepper(task, tx, base_rng, shardings, state, host_batch)
   raise ValueError(f"parallelism={parallelism!r} is not one of ('jit', 'pmap')")

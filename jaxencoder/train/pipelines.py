@@ -14,12 +14,13 @@ from jax.experimental import multihost_utils
 from jaxencoder.data import builders
 from jaxencoder.data import fetch as fetch_lib
 from jaxencoder.data import mlm as mlm_lib
-from jaxencoder.data import pipeline, sources
+from jaxencoder.data import pairs, pipeline, shuffled_words, sources
 from jaxencoder.data.readers import DataError
 from jaxencoder.io.paths import as_path
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
+from jaxencoder.train.tasks import MASKED_TASKS, SENTENCE_PAIR_TASKS
 
-TEXT_KINDS = ("text_corpus", "text_classification", "tagged_tokens")
+TEXT_KINDS = ("text_corpus", "text_classification", "tagged_tokens", "text_records")
 
 
 @dataclasses.dataclass
@@ -42,6 +43,12 @@ class Subset:
 
   def __getitem__(self, i):
     return self.source[int(self.indices[i])]
+
+  def __getitems__(self, indices):
+    """Many examples in one read (e.g. data/pairs.py reading every origin)."""
+    picked = [int(self.indices[i]) for i in indices]
+    read = getattr(self.source, "__getitems__", None)
+    return read(picked) if read else [self.source[i] for i in picked]
 
 
 def tokenizer_path(data_cfg) -> str:
@@ -98,12 +105,16 @@ def check_sizes(data_cfg, name: str, train, eval_) -> None:
 
 
 def label_names(data_cfg, name: str) -> list[str] | None:
-  """Class names of a prepared dataset's labels (tags for tagged_tokens); None for
-  unlabelled kinds (text_corpus)."""
-  feature = {"tagged_tokens": "tags", "text_corpus": None}.get(data_cfg.kind, "label")
+  """Class names of a prepared dataset's labels (tags for tagged_tokens, the multi-label
+  set of text_records); None for unlabelled data (text_corpus, other text_records)."""
+  feature = {"tagged_tokens": "tags", "text_corpus": None,
+             "text_records": "labels"}.get(data_cfg.kind, "label")
   if feature is None:
     return None
   tfds_dir = as_path(data_cfg.data_dir) / "tfds"
+  if data_cfg.kind == "text_records" and (
+      feature not in sources.open_builder(name, tfds_dir).info.features):
+    return None
   return sources.label_names(name, tfds_dir, feature=feature)
 
 
@@ -114,8 +125,8 @@ def _num_classes(data_cfg, name: str) -> int | None:
 
 def id_limits(model_cfg) -> dict[str, tuple[int, str]]:
   """What `pipeline.check_ids` holds text batches to: the model's embedding tables."""
-  limits = {"input_ids": (model_cfg.vocab_size, "model.vocab_size"),
-            "mlm_labels": (model_cfg.vocab_size, "model.vocab_size")}
+  vocab = (model_cfg.vocab_size, "model.vocab_size")
+  limits = {key: vocab for key in ("input_ids", "mlm_labels", "decoder_input_ids", "target_ids")}
   if model_cfg.type_vocab_size:
     limits["token_type_ids"] = (model_cfg.type_vocab_size, "model.type_vocab_size")
   return limits
@@ -138,10 +149,11 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
   train_src, eval_src = open_splits(data_cfg, name)
   check_sizes(data_cfg, name, train_src, eval_src)
   tok = load_tokenizer(data_cfg) if data_cfg.kind in TEXT_KINDS else None
+  num_classes = _num_classes(data_cfg, name)
 
   def build(src, batch_size, num_epochs, train):
     ds = _pipeline(config, tok, src, batch_size=local_batch_size(batch_size),
-                   num_epochs=num_epochs, train=train)
+                   num_epochs=num_epochs, train=train, num_classes=num_classes)
     if tok is None:
       return ds
     return pipeline.check_ids(ds, id_limits(config.model),
@@ -149,22 +161,26 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
 
   return Pipelines(build(train_src, config.batch_size, None, True),
                    lambda: build(eval_src, config.eval_batch_size, 1, False),
-                   _num_classes(data_cfg, name), tok)
+                   num_classes, tok)
 
 
-def _pipeline(config, tok, src, *, batch_size, num_epochs, train) -> grain.IterDataset:
+def _pipeline(config, tok, src, *, batch_size, num_epochs, train,
+              num_classes=None) -> grain.IterDataset:
   """The data.kind pipeline over `src` (train: packed if so configured, drops a short
-  last batch of an MLM stream; eval: every example once, a short last batch filled)."""
+  last batch of an MLM stream; eval: every example once, a short last batch filled,
+  text_records rows numbered for metrics that rank the whole split)."""
   data_cfg = config.data
   kw = dict(batch_size=batch_size, num_epochs=num_epochs, seed=config.seed,
             num_threads=data_cfg.num_threads)
+  if config.task == "seq2seq":
+    if data_cfg.kind != "text_corpus":
+      raise ValueError("task='seq2seq' restores a text_corpus's sentences from their shuffled "
+                       f"words; data.kind={data_cfg.kind!r} is not text_corpus")
+    return shuffled_words.shuffled_words_pipeline(
+        src, tok, seq_len=data_cfg.seq_len, min_words=data_cfg.min_words,
+        max_words=data_cfg.max_words, drop_remainder=train, **kw)
   if data_cfg.kind == "text_corpus":
-    rate = data_cfg.mask_rate if config.task == "mlm" else 0.0
-    spec = mlm_lib.MaskSpec(tok.vocab_size, tok.mask_id, tuple(int(i) for i in tok.special_ids),
-                            rate=rate, whole_word=data_cfg.whole_word)
-    mode = data_cfg.packing if train else "pad"
-    return pipeline.mlm_pipeline(src, tok, seq_len=data_cfg.seq_len, mode=mode, mask=spec,
-                                 drop_remainder=train, **kw)
+    return _masked_text_pipeline(config, tok, src, train=train, **kw)
   if data_cfg.kind == "text_classification":
     return pipeline.classification_pipeline(src, tok, seq_len=data_cfg.seq_len, **kw)
   if data_cfg.kind == "tagged_tokens":
@@ -173,5 +189,33 @@ def _pipeline(config, tok, src, *, batch_size, num_epochs, train) -> grain.IterD
     return pipeline.image_pipeline(src, **kw)
   if data_cfg.kind == "time_series":
     return pipeline.series_pipeline(src, length=data_cfg.seq_len, **kw)
-  raise ValueError(f"data.kind={data_cfg.kind!r} is not one of "
-                   "text_corpus, text_classification, tagged_tokens, image_arrays, time_series")
+  if data_cfg.kind == "text_records":
+    return pipeline.records_pipeline(src, tok, task=config.task, seq_len=data_cfg.seq_len,
+                                     num_labels=num_classes, index_examples=not train, **kw)
+  raise ValueError(f"data.kind={data_cfg.kind!r} is not one of text_corpus, "
+                   "text_classification, tagged_tokens, image_arrays, time_series, text_records")
+
+
+def _masked_text_pipeline(config, tok, src, *, train, **kw) -> grain.IterDataset:
+  """text_corpus batches for config.task: BERT-masked for the masked tasks (sentence
+  pairs for mlm_nsp / mlm_sop), plain tokens otherwise."""
+  data_cfg = config.data
+  rate = data_cfg.mask_rate if config.task in MASKED_TASKS else 0.0
+  spec = mlm_lib.MaskSpec(tok.vocab_size, tok.mask_id, tuple(int(i) for i in tok.special_ids),
+                          rate=rate, whole_word=data_cfg.whole_word)
+  mode = data_cfg.packing if train else "pad"
+  if config.task in SENTENCE_PAIR_TASKS:
+    if mode != "pad":
+      raise ValueError(f"task={config.task!r} needs one sentence pair per row: "
+                       f"data.packing={mode!r} is not supported, use 'pad'")
+    ds = pairs.pair_pipeline(src, tok, SENTENCE_PAIR_TASKS[config.task],
+                             seq_len=data_cfg.seq_len, mask=spec, drop_remainder=train, **kw)
+  else:
+    ds = pipeline.mlm_pipeline(src, tok, seq_len=data_cfg.seq_len, mode=mode, mask=spec,
+                               drop_remainder=train, **kw)
+  if config.task == "mlm" or config.task not in MASKED_TASKS or config.max_predictions <= 0:
+    return ds
+  # The loop hands max_predictions to task "mlm" only; the other masked tasks read their
+  # M prediction positions from the batch.
+  positions = lambda b: mlm_lib.prediction_positions(b["mlm_weights"], config.max_predictions)
+  return ds.map(lambda batch: {**batch, "mlm_positions": positions(batch)})

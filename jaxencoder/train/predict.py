@@ -5,7 +5,8 @@
 By the run's task (read from the config stored with its checkpoint):
   classify        one text per line ("text<TAB>text_b" for pairs) -> "label<TAB>line"
   token_classify  one sentence of space-separated words per line -> "word/TAG ..."
-  mlm, contrastive one text per line -> OUT (.npy): pooled encoder vectors [N, D]
+  mlm, mlm_nsp, mlm_sop, electra (its discriminator), contrastive
+                  one text per line -> OUT (.npy): pooled encoder vectors [N, D]
 Text runs only; labels are named from the run's prepared dataset when it is still
 there, else printed as class indices.
 """
@@ -27,7 +28,7 @@ from jaxencoder.io.checkpoint import restore_params_only
 from jaxencoder.io.run_dir import RunDir, abstract_params
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
 from jaxencoder.train import pipelines
-from jaxencoder.train.tasks import make_task
+from jaxencoder.train.tasks import MASKED_TASKS, make_task
 
 BATCH = 32
 
@@ -71,7 +72,8 @@ def _label_names(config: dict) -> list[str] | None:
 
 
 def predict(p: Predictor, lines: list[str]) -> list[str] | np.ndarray:
-  """Labelled lines (classify, token_classify) or pooled vectors [N, D] (mlm, contrastive)."""
+  """Labelled lines (classify, token_classify) or pooled vectors [N, D] (the masked
+  pre-training tasks, contrastive)."""
   outputs = []
   for start in range(0, len(lines), BATCH):
     outputs.append(_predict_batch(p, lines[start:start + BATCH]))
@@ -92,7 +94,7 @@ def _predict_batch(p: Predictor, lines: list[str]):
     batch = p.tokenizer.encode_batch([pair[0] for pair in pairs], texts_b if has_b else None,
                                      max_length=p.seq_len)
   args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-  if p.task in ("mlm", "contrastive"):
+  if p.task in MASKED_TASKS or p.task == "contrastive":
     encoder_params = p.params[ENCODER] if ENCODER in p.params else p.params
     out = Encoder(p.cfg).apply({"params": encoder_params}, *args)
     return np.asarray(out.pooled, np.float32)

@@ -14,12 +14,19 @@ import jax
 import jax.numpy as jnp
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.decoder import EncoderDecoder
+from jaxencoder.electra import GENERATOR_SCALE, Electra, replace_tokens
 from jaxencoder.encoder import Encoder
-from jaxencoder.heads import (ContrastiveHead, EncoderForMaskedLM, SequenceClassificationHead,
-                              TokenClassificationHead, info_nce_loss)
+from jaxencoder.heads import (ContrastiveHead, EncoderForMaskedLM, EncoderForPreTraining,
+                              SequenceClassificationHead, TokenClassificationHead,
+                              info_nce_loss)
 from jaxencoder.layers import take_rows
+from jaxencoder.train import objectives, pretraining, seq2seq
 
-TASKS = ("mlm", "classify", "token_classify", "contrastive")
+SENTENCE_PAIR_TASKS = {"mlm_nsp": "nsp", "mlm_sop": "sop"}  # task -> data/pairs.py objective
+MASKED_TASKS = ("mlm", *SENTENCE_PAIR_TASKS, "electra")  # trained on BERT-masked text
+TASKS = (*MASKED_TASKS, "classify", "token_classify", "contrastive", "span", "multilabel",
+         "regression", "multiple_choice", "seq2seq")
 INPUT_KEYS = {"text": "input_ids", "image": "images", "series": "inputs"}
 MODEL_KWARGS = ("attention_mask", "token_type_ids", "segment_ids", "positions")
 
@@ -44,7 +51,8 @@ class EncoderClassifier(nn.Module):
 
 
 class EncoderContrastive(nn.Module):
-  """Encoder + projection to unit vectors [B, P]."""
+  """Encoder + projection to unit vectors: [B, P], or [B, K, P] for groups of K texts
+  [B, K, L] (supervised pairs: text, positive[, hard negative])."""
   cfg: EncoderConfig
   projection_dim: int = 128
 
@@ -54,9 +62,37 @@ class EncoderContrastive(nn.Module):
 
   def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
                positions=None, *, deterministic: bool = True):
-    out = self.encoder(inputs, attention_mask, token_type_ids, segment_ids, positions,
-                       deterministic=deterministic)
-    return self.head(out.pooled)
+    args, groups = (inputs, attention_mask, token_type_ids, segment_ids, positions), None
+    if is_grouped(self.cfg, inputs):
+      groups, args = inputs.shape[:2], rows_of_groups(*args)
+    out = self.encoder(*args, deterministic=deterministic)
+    z = self.head(out.pooled)
+    return z if groups is None else z.reshape(*groups, -1)
+
+
+class EncoderMultipleChoice(nn.Module):
+  """Encoder + one score per (text, choice) row: texts [B, C, L] -> logits [B, C]."""
+  cfg: EncoderConfig
+
+  def setup(self):
+    self.encoder = Encoder(self.cfg)
+    self.head = SequenceClassificationHead(self.cfg, 1)
+
+  def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
+               positions=None, *, deterministic: bool = True):
+    rows = rows_of_groups(inputs, attention_mask, token_type_ids, segment_ids, positions)
+    out = self.encoder(*rows, deterministic=deterministic)
+    return self.head(out.pooled, deterministic=deterministic).reshape(inputs.shape[:2])
+
+
+def is_grouped(cfg: EncoderConfig, inputs) -> bool:
+  """Token ids [B, K, L]: K texts per example (choices, or a pair and its negative)."""
+  return cfg.input_kind == "text" and inputs.ndim == 3
+
+
+def rows_of_groups(*arrays_BxKxL) -> tuple:
+  """[B, K, L] arrays as [B*K, L] rows (None stays None)."""
+  return tuple(None if x is None else x.reshape(-1, x.shape[-1]) for x in arrays_BxKxL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +102,11 @@ class Task:
   model: nn.Module
   input_key: str
   loss_fn: Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+  extra_keys: tuple[str, ...] = ()  # batch keys the model takes after MODEL_KWARGS (seq2seq)
 
   def example_batch(self, batch: dict[str, Any]) -> tuple:
     """The positional model inputs of a batch (for init)."""
-    return model_args(batch, self.input_key)
+    return model_args(batch, self.input_key) + tuple(batch[k] for k in self.extra_keys)
 
 
 def model_args(batch: dict[str, Any], input_key: str) -> tuple:
@@ -115,12 +152,28 @@ def masked_positions(weights_BxL: jax.Array, max_predictions: int) -> jax.Array:
 
 def make_task(name: str, cfg: EncoderConfig, *, num_classes: int = 2,
               projection_dim: int = 128, temperature: float = 0.05,
-              max_predictions: int = 0) -> Task:
+              max_predictions: int = 0, max_span_len: int = 30,
+              rank_capacity: int = objectives.RANK_CAPACITY,
+              generator_scale: float = GENERATOR_SCALE,
+              discriminator_weight: float = pretraining.DISCRIMINATOR_WEIGHT) -> Task:
   """Builds one of TASKS for an encoder config.
 
   MLM with `max_predictions` M > 0 computes vocabulary logits only at M gathered
   positions per row (the masked ones; extra masked tokens beyond M are not
-  predicted and are counted in `dropped`); 0 computes logits everywhere.
+  predicted and are counted in `dropped`); 0 computes logits everywhere; a batch's
+  own `mlm_positions` [B, M] take precedence (so do the other masked tasks).
+  mlm_nsp / mlm_sop: MLM + next-sentence / sentence-order prediction on the pooled
+  [CLS] of sentence-pair rows (data/pairs.py). electra: a generator of
+  `generator_scale` x the width proposes tokens, the discriminator (`encoder`) detects
+  them; loss = generator MLM + `discriminator_weight` x discriminator BCE.
+  span: start and end logits per token, best span at most `max_span_len` tokens.
+  multilabel: `num_classes` sigmoid outputs. regression: one output, MSE; eval
+  batches with `example_index` rank their first `rank_capacity` rows (Spearman).
+  multiple_choice: texts [B, C, L], one score each. seq2seq: an EncoderDecoder,
+  teacher-forced cross-entropy on `target_ids`; eval also decodes greedily (exact match,
+  greedy token accuracy; train/seq2seq.py). contrastive: SimCSE on single
+  texts [B, L]; supervised on groups [B, K, L] (text, positive[, hard negative])
+  against the batch's positives and negatives, with recall@k and MRR.
   """
   if name not in TASKS:
     raise ValueError(f"task={name!r} is not one of {TASKS}")
@@ -128,19 +181,26 @@ def make_task(name: str, cfg: EncoderConfig, *, num_classes: int = 2,
   if name == "mlm":
     model = EncoderForMaskedLM(cfg)
     def loss_fn(params, batch, rng, train):
-      labels, weights = batch["mlm_labels"], batch["mlm_weights"]
-      extra = {}
-      if max_predictions:
-        positions = masked_positions(weights, max_predictions)
-        extra = {"masked_positions": positions}
-        total = jnp.sum(weights)
-        labels = take_rows(labels, positions)
-        weights = take_rows(weights, positions)
-      logits, _ = _apply(model, params, batch, input_key, rng, train, **extra)
-      sums = _weighted_ce(logits, labels, weights)
-      if max_predictions:
-        sums["dropped"] = total - sums["loss_weight"]
-      return sums["loss_sum"] / jnp.maximum(sums["loss_weight"], 1.0), sums
+      labels, weights, positions = mlm_targets(batch, max_predictions)
+      logits, _ = _apply(model, params, batch, input_key, rng, train, masked_positions=positions)
+      sums = _mlm_sums(logits, labels, weights, positions, batch)
+      return _mean_loss(sums), sums
+  elif name in SENTENCE_PAIR_TASKS:
+    model = EncoderForPreTraining(cfg)
+    def loss_fn(params, batch, rng, train):
+      labels, weights, positions = mlm_targets(batch, max_predictions)
+      logits, pair_logits, _ = _apply(model, params, batch, input_key, rng, train,
+                                      masked_positions=positions)
+      sums = pretraining.sentence_pair_sums(_mlm_sums(logits, labels, weights, positions, batch),
+                                            pair_logits, batch["pair_labels"],
+                                            batch["example_weights"])
+      return _mean_loss(sums), sums
+  elif name == "electra":
+    model = Electra(cfg, generator_scale)
+    def loss_fn(params, batch, rng, train):
+      sums = _electra(model, params, batch, input_key, rng, train, max_predictions,
+                      discriminator_weight)
+      return _mean_loss(sums), sums
   elif name in ("classify", "token_classify"):
     token_level = name == "token_classify"
     model = EncoderClassifier(cfg, num_classes, token_level=token_level)
@@ -151,9 +211,51 @@ def make_task(name: str, cfg: EncoderConfig, *, num_classes: int = 2,
       sums = _weighted_ce(logits, batch["labels"], weights)
       sums.update(_confusion(logits, batch["labels"], weights.astype(jnp.float32), num_classes))
       return sums["loss_sum"] / jnp.maximum(sums["loss_weight"], 1.0), sums
+  elif name == "span":
+    model = EncoderClassifier(cfg, 2, token_level=True)  # a start and an end logit per token
+    def loss_fn(params, batch, rng, train):
+      logits_BxLx2 = _apply(model, params, batch, input_key, rng, train)
+      sums = objectives.span_sums(logits_BxLx2[..., 0], logits_BxLx2[..., 1], batch,
+                                  max_span_len)
+      return _mean_loss(sums), sums
+  elif name == "multilabel":
+    model = EncoderClassifier(cfg, num_classes)
+    def loss_fn(params, batch, rng, train):
+      logits_BxC = _apply(model, params, batch, input_key, rng, train)
+      sums = objectives.multilabel_sums(logits_BxC, batch["labels"], batch["example_weights"])
+      return _mean_loss(sums), sums
+  elif name == "regression":
+    model = EncoderClassifier(cfg, 1)
+    def loss_fn(params, batch, rng, train):
+      pred_B = _apply(model, params, batch, input_key, rng, train)[:, 0]
+      target_B, w_B = batch["targets"], batch["example_weights"]
+      sums = objectives.regression_sums(pred_B, target_B, w_B)
+      if "example_index" in batch:  # eval: every prediction, for Spearman
+        sums.update(objectives.ranked_sums(pred_B, target_B, w_B, batch["example_index"],
+                                           rank_capacity))
+      return _mean_loss(sums), sums
+  elif name == "seq2seq":
+    model = EncoderDecoder(cfg)
+    def loss_fn(params, batch, rng, train):
+      logits_BxTxV = _apply(model, params, batch, input_key, rng, train,
+                            **{k: batch[k] for k in seq2seq.DECODER_KEYS})
+      sums = _weighted_ce(logits_BxTxV, batch["target_ids"], batch["target_weights"])
+      if not train:
+        sums.update(seq2seq.greedy_sums(model, params, batch, input_key))
+      return _mean_loss(sums), sums
+    return Task(name, model, input_key, loss_fn, seq2seq.DECODER_KEYS)
+  elif name == "multiple_choice":
+    model = EncoderMultipleChoice(cfg)
+    def loss_fn(params, batch, rng, train):
+      logits_BxC = _apply(model, params, batch, input_key, rng, train)
+      sums = _weighted_ce(logits_BxC, batch["labels"], batch["example_weights"])
+      return _mean_loss(sums), sums
   else:
     model = EncoderContrastive(cfg, projection_dim)
     def loss_fn(params, batch, rng, train):
+      if is_grouped(cfg, batch[input_key]):
+        sums = _supervised_pairs(model, params, batch, input_key, rng, train, temperature)
+        return _mean_loss(sums), sums
       # SimCSE: two dropout views of the same batch are positives.
       rng_a, rng_b = jax.random.split(rng)
       z_a = _apply(model, params, batch, input_key, rng_a, train)
@@ -165,8 +267,64 @@ def make_task(name: str, cfg: EncoderConfig, *, num_classes: int = 2,
   return Task(name, model, input_key, loss_fn)
 
 
+def _mean_loss(sums: dict[str, jax.Array]) -> jax.Array:
+  return sums["loss_sum"] / jnp.maximum(sums["loss_weight"], 1.0)
+
+
+def mlm_targets(batch, max_predictions: int) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+  """(labels, weights, positions [B, M]) of the MLM loss at the batch's `mlm_positions`,
+  else at its first `max_predictions` masked positions; positions None: everywhere."""
+  labels, weights = batch["mlm_labels"], batch["mlm_weights"]
+  positions = batch.get("mlm_positions")
+  if positions is None and max_predictions:
+    positions = masked_positions(weights, max_predictions)
+  if positions is None:
+    return labels, weights, None
+  return take_rows(labels, positions), take_rows(weights, positions), positions
+
+
+def _mlm_sums(logits, labels, weights, positions, batch) -> dict[str, jax.Array]:
+  """MLM cross-entropy sums; with positions, masked tokens beyond M count as `dropped`."""
+  sums = _weighted_ce(logits, labels, weights)
+  if positions is not None:
+    sums["dropped"] = jnp.sum(batch["mlm_weights"]) - sums["loss_weight"]
+  return sums
+
+
+def _electra(model, params, batch, input_key, rng, train, max_predictions,
+             discriminator_weight) -> dict[str, jax.Array]:
+  """ELECTRA's sums: the generator's MLM at the masked positions, a token sampled at
+  each (no gradient through the draw), the discriminator on the corrupted ids."""
+  gen_rng, sample_rng, disc_rng = jax.random.split(rng, 3)
+  labels, weights, positions = mlm_targets(batch, max_predictions)
+  logits = _apply(model, params, batch, input_key, gen_rng, train, method="generate",
+                  masked_positions=positions)
+  generator = _mlm_sums(logits, labels, weights, positions, batch)
+  ids_BxL, replaced_BxL = replace_tokens(sample_rng, logits, batch["mlm_labels"], weights,
+                                         positions)
+  disc_logits = _apply(model, params, {**batch, input_key: ids_BxL}, input_key, disc_rng,
+                       train, method="discriminate")
+  real_BxL = batch.get("attention_mask", jnp.ones_like(ids_BxL))
+  return pretraining.electra_sums(
+      generator, pretraining.discriminator_sums(disc_logits, replaced_BxL, real_BxL),
+      discriminator_weight)
+
+
+def _supervised_pairs(model, params, batch, input_key, rng, train, temperature):
+  """Text k=0 of each group against every positive (k=1) and hard negative (k=2) of the
+  batch: InfoNCE and retrieval sums (objectives.retrieval_sums)."""
+  z_BxKxP = _apply(model, params, batch, input_key, rng, train)
+  batch_size, k, dim = z_BxKxP.shape
+  w_B = batch["example_weights"]
+  cands_NxP = jnp.swapaxes(z_BxKxP[:, 1:], 0, 1).reshape(-1, dim)  # positives, then negatives
+  return objectives.retrieval_sums(z_BxKxP[:, 0], cands_NxP, w_B, jnp.tile(w_B, k - 1),
+                                   temperature)
+
+
 def summarize(sums: dict[str, Any]) -> dict[str, float]:
-  """Metric sums -> loss, accuracy and (when counted) macro F1."""
+  """Metric sums -> loss, accuracy (not for regression), (when counted) macro F1, and the
+  objectives' metrics (objectives.summarize: span F1, multi-label F1, Pearson and
+  Spearman, recall@k and MRR)."""
   weight = max(float(sums["loss_weight"]), 1e-9)
   out = {"loss": float(sums["loss_sum"]) / weight, "accuracy": float(sums["correct"]) / weight}
   if "dropped" in sums:
@@ -176,4 +334,9 @@ def summarize(sums: dict[str, Any]) -> dict[str, float]:
     f1 = 2 * tp / jnp.maximum(2 * tp + fp + fn, 1e-9)
     present = (tp + fn) > 0
     out["f1_macro"] = float(jnp.sum(f1 * present) / jnp.maximum(jnp.sum(present), 1))
+  out.update(objectives.summarize(sums))
+  out.update(pretraining.summarize(sums))
+  out.update(seq2seq.summarize(sums))
+  if objectives.is_regression(sums):
+    del out["accuracy"]
   return out

@@ -1,0 +1,30 @@
+"""Tiny BERT with MLM + sentence-order prediction (ALBERT's SOP) on the offline
+Shakespeare text: rows are two consecutive speeches, swapped half the time.
+
+  python train.py --config configs/mlm_sop_tiny.py --workdir runs/mlm_sop_tiny
+  # next-sentence prediction (BERT's NSP) instead: --config.task=mlm_nsp
+
+As configs/mlm_tiny.py plus BERT's pooler (pooler_dense) under the 2-way pair head;
+padded rows (one pair per row: packing is refused). Eval metrics: pair_accuracy
+(chance 0.5), pair_loss, mlm_loss, accuracy (MLM).
+Measured: see README "Sentence-pair objectives".
+"""
+
+from jaxencoder.train.config import base_config
+
+
+def get_config():
+  config = base_config()
+  config.task = "mlm_sop"
+  config.model.pooler_dense = True
+  config.num_train_steps = 300
+  config.log_every = 25
+  config.eval_every = 150
+  config.checkpoint_every = 50
+  config.batch_size = 32
+  config.eval_batch_size = 64
+  config.data.seq_len = 128
+  config.data.holdout_every = 50
+  config.optim.learning_rate = 1e-3
+  config.optim.warmup_steps = 30
+  return config

@@ -1,0 +1,77 @@
+"""Run metrics (jaxencoder/train/metrics.py): device peaks, XLA-counted FLOPs, throughput
+and MFU formulas, what a run logs, and that only an enabled (process-0) writer writes."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxencoder.train import metrics
+from jaxencoder.train.metrics import MetricWriter, read_metrics
+
+
+@pytest.mark.parametrize("kind, peak", [
+    ("TPU v4", 275e12), ("TPU v5 lite", 197e12), ("TPU v5p", 459e12), ("TPU v6 lite", 918e12),
+    ("NVIDIA A100-SXM4-40GB", 312e12), ("NVIDIA H100 80GB HBM3", 989e12),
+    ("NVIDIA H200", 989e12), ("cpu", None), ("NVIDIA GeForce RTX 4090", None)])
+def test_device_peak_is_looked_up_by_kind(kind, peak):
+  assert metrics.device_peak_flops(types.SimpleNamespace(device_kind=kind)) == peak
+
+
+def test_compiled_flops_of_a_matmul_are_2mnk():
+  a = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+  b = jax.ShapeDtypeStruct((32, 16), jnp.float32)
+  assert metrics.compiled_flops(jax.jit(jnp.matmul).lower(a, b).compile()) == 2 * 64 * 32 * 16
+
+
+@pytest.mark.mesh
+def test_compiled_flops_count_the_whole_step_of_a_sharded_program():
+  mesh = jax.make_mesh((8,), ("data",))
+  a = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+  b = jax.ShapeDtypeStruct((32, 16), jnp.float32)
+  step = jax.jit(jnp.matmul, in_shardings=(NamedSharding(mesh, P("data")),
+                                           NamedSharding(mesh, P())))
+  assert metrics.compiled_flops(step.lower(a, b).compile()) == 2 * 64 * 32 * 16
+
+
+def test_throughput_and_mfu_formulas(monkeypatch):
+  monkeypatch.setattr(metrics, "device_peak_flops", lambda device=None: 100e12)
+  out = metrics.throughput(0.5, tokens_per_step=4096, examples_per_step=32,
+                           flops_per_step=8e12, num_devices=4)
+  assert out == {"step_time_s": 0.5, "tokens_per_s": 8192.0, "examples_per_s": 64.0,
+                 "flops_per_step": 8e12, "achieved_flops_per_s": 16e12,
+                 "mfu": pytest.approx(16e12 / (4 * 100e12))}
+  monkeypatch.setattr(metrics, "device_peak_flops", lambda device=None: None)
+  assert "mfu" not in metrics.throughput(0.5, 4096, 32, 8e12, 4)  # no known peak: no MFU
+  assert "flops_per_step" not in metrics.throughput(0.5, 4096, 32, None, 4)
+
+
+def test_a_run_logs_throughput_consistent_with_its_batch(mlm_run):
+  """8 rows of 16 tokens per step; achieved FLOP/s = XLA's count / step time; no MFU on CPU."""
+  train = [r for r in read_metrics(mlm_run.workdir) if r["split"] == "train"]
+  assert [r["step"] for r in train] == [1, 2, 3]  # log_every=1: once per step, no repeats
+  for record in train:
+    assert record["tokens_per_s"] * record["step_time_s"] == pytest.approx(8 * 16)
+    assert record["examples_per_s"] * record["step_time_s"] == pytest.approx(8)
+    assert record["flops_per_step"] > 0
+    assert record["achieved_flops_per_s"] == pytest.approx(
+        record["flops_per_step"] / record["step_time_s"])
+    assert "mfu" not in record
+
+
+def test_only_an_enabled_writer_writes(tmp_path):
+  """Every process builds a MetricWriter; the loop enables only process 0's."""
+  silent = MetricWriter(tmp_path / "other", enabled=False)
+  silent.write(1, "train", {"loss": 1.0})
+  silent.close()
+  assert not (tmp_path / "other").exists()
+  for step in (1, 2):  # a resumed run's writer appends
+    writer = MetricWriter(tmp_path / "run")
+    writer.write(step, "train", {"loss": 3.0 - step, "accuracy": jnp.float32(0.5)})
+    writer.close()
+  records = read_metrics(tmp_path / "run")
+  assert [(r["step"], r["split"], r["loss"], r["accuracy"]) for r in records] == [
+      (1, "train", 2.0, 0.5), (2, "train", 1.0, 0.5)]
+  assert any((tmp_path / "run" / "tensorboard").iterdir())
