@@ -7,7 +7,9 @@ The paper's shape except its factorised 128-wide embeddings (here the token tabl
 256 wide) and its 128 x 128-token batches for 1M steps; LR 5e-4 (the paper's 5e-4 with
 10k warmup steps, scaled down to this run). About 17M parameters: on 2 CPU cores a
 short run is all that fits (add --config.num_train_steps=N).
-Measured: see README "ELECTRA".
+Measured (2026-12-01, 2 shared CPU cores, 15-20 s/step), 20 steps only
+(--config.num_train_steps=20 --config.log_every=5): train loss 38.70 (steps 1-5) -> 29.89
+(16-20); eval discriminator accuracy 0.8585 = "all original", generator loss 9.28.
 """
 
 from jaxencoder.config import EncoderConfig

@@ -8,7 +8,9 @@ on first use). The discriminator is the run's encoder: fine-tune it with
 configs/classify.py --config.init_from=runs/electra_tiny, probe or export it as BERT.
 Eval metrics: accuracy (the discriminator's, vs 1 - replaced_fraction for "all
 original"), replaced_precision / _recall, generator_loss / _accuracy.
-Measured: see README "ELECTRA".
+Measured (2026-12-01, 2 shared CPU cores, 3-7 s/step): train loss 38.37 (steps 1-25) ->
+25.81 (276-300); eval at 300: discriminator accuracy 0.8623 vs 0.8610 for "all
+original", replaced precision 0.65 / recall 0.021, generator loss 6.28 (README "ELECTRA").
 """
 
 from jaxencoder.train.config import base_config

@@ -7,7 +7,10 @@ Shakespeare text: rows are two consecutive speeches, swapped half the time.
 As configs/mlm_tiny.py plus BERT's pooler (pooler_dense) under the 2-way pair head;
 padded rows (one pair per row: packing is refused). Eval metrics: pair_accuracy
 (chance 0.5), pair_loss, mlm_loss, accuracy (MLM).
-Measured: see README "Sentence-pair objectives".
+Measured (2026-12-01, 2 shared CPU cores, ~3 s/step): SOP, 120 steps
+(--config.num_train_steps=120 --config.log_every=20): train loss 10.78 -> 7.18, eval pair
+accuracy 0.493 (chance), MLM loss 6.53; NSP, 300 steps: 10.63 -> 7.02, pair accuracy
+0.493 (chance), MLM loss 6.34. The pair head needs longer runs than these.
 """
 
 from jaxencoder.train.config import base_config
