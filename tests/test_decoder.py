@@ -122,9 +122,9 @@ def test_gradients_of_the_decoder_loss_reach_every_encoder_layer():
   batch = {"input_ids": ids_BxL, "attention_mask": mask_BxL, "decoder_input_ids": dec_BxT,
            "decoder_mask": jnp.ones_like(dec_BxT), "target_ids": jnp.roll(dec_BxT, -1, 1),
            "target_weights": jnp.ones(dec_BxT.shape, jnp.float32)}
-  params = nn.meta.unbox(task.model.init(jax.random.key(0), *task.example_batch(batch)))
-  grads = jax.grad(lambda p: task.loss_fn(p, batch, jax.random.key(1), True)[0])(
-      params["params"])
+  params = jax.jit(task.model.init)(jax.random.key(0), *task.example_batch(batch))["params"]
+  grads = jax.jit(jax.grad(lambda p: task.loss_fn(p, batch, jax.random.key(1), True)[0]))(
+      nn.meta.unbox(params))
   norms = {jax.tree_util.keystr(path): float(jnp.linalg.norm(g))
            for path, g in jax.tree_util.tree_leaves_with_path(grads[ENCODER])}
   assert norms and all(n > 0 for n in norms.values()), [k for k, n in norms.items() if n == 0]
