@@ -35,17 +35,7 @@ def corpus(tmp_path_factory):
   return root, th.text_corpus(root), th.write_vocab(root)
 
 
-def train_losses(workdir) -> list[float]:
-  return [r["loss"] for r in read_metrics(workdir) if r["split"] == "train"]
-
-
-def final_params(config, workdir):
-  """The params of the latest checkpoint in workdir."""
-  run = setup(finalize(config), workdir)
-  params = jax.device_get(run.state.params)
-  run.checkpointer.close()
-  run.writer.close()
-  return params
+train_losses, final_params = th.train_losses, th.final_params
 
 
 def test_mlm_loss_falls_on_a_memorisation_task(corpus, tmp_path):
