@@ -33,14 +33,15 @@ test-fast: $(STAMP)
 train: $(STAMP)
 	$(PY) train.py --config configs/mlm_tiny.py --workdir runs/default
 
-# Live numerical parity with transformers' PyTorch BertModel on the real MiniLM:
+# Live numerical parity with transformers (PyTorch): the real MiniLM, and every family
+# (RoBERTa, DistilBERT, ELECTRA, ModernBERT, ViT) from small random-weight models:
 # installs torch (CPU) and transformers into .venv, then runs the pretrained tests.
 parity-deps: $(STAMP)
 	$(PY) -m pip install -q torch==2.13.0 transformers
 
 # --no-skips: a live test that skips (e.g. torch installed but failing to import) fails.
 parity: parity-deps
-	JAX_PLATFORMS=cpu $(PY) -m pytest -q -rs --no-skips tests/test_pretrained.py
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -rs --no-skips tests/test_pretrained*.py
 
 # Executes every colab/ notebook top to bottom in a fresh kernel (nbclient) from the repo
 # root; fails on any cell error and prints each one's wall time.

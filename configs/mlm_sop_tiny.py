@@ -2,7 +2,7 @@
 Shakespeare text: rows are two consecutive speeches, swapped half the time.
 
   python train.py --config configs/mlm_sop_tiny.py --workdir runs/mlm_sop_tiny
-  # next-sentence prediction (BERT's NSP) instead: --config.task=mlm_nsp
+  # next-sentence prediction (BERT's NSP) instead: --config.sentence_pair=nsp
 
 As configs/mlm_tiny.py plus BERT's pooler (pooler_dense) under the 2-way pair head;
 padded rows (one pair per row: packing is refused). Eval metrics: pair_accuracy
@@ -18,7 +18,8 @@ from jaxencoder.train.config import base_config
 
 def get_config():
   config = base_config()
-  config.task = "mlm_sop"
+  config.task = "mlm"
+  config.sentence_pair = "sop"
   config.model.pooler_dense = True
   config.num_train_steps = 300
   config.log_every = 25

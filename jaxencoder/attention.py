@@ -37,6 +37,17 @@ def xla_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_Bx1xLxL, bias_BxHxLxL,
   return out_BxLxHxK, probs_BxHxLxL
 
 
+def layer_rope(cfg: EncoderConfig, local, x_BxLxHxK, positions_BxL):
+  """RoPE with the layer's base: `local_rope_base` on local layers, else `rope_base`.
+  `local` None (no per-layer pattern), a bool, or a traced bool (scanned stack: both
+  rotations, selected, so a scanned layer computes what its looped twin does)."""
+  local_base = cfg.rope_base if cfg.local_rope_base is None else cfg.local_rope_base
+  rope = lambda base: apply_rope(x_BxLxHxK, positions_BxL, base, cfg.rope_scaling)
+  if local is None or isinstance(local, bool):
+    return rope(local_base if local else cfg.rope_base)
+  return jnp.where(local, rope(local_base), rope(cfg.rope_base))
+
+
 def linear_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL):
   """Non-causal linear attention; padded keys are removed from the sums."""
   phi_q = jax.nn.elu(q_BxLxHxK.astype(jnp.float32)) + 1.0
@@ -62,7 +73,7 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL, positions_BxL,
                *, deterministic: bool, output_attentions: bool = False,
                query_rows_BxQ=None, segment_ids_BxL=None, plan: AttentionPlan | None = None,
-               kv_BxSxD=None, decode: bool = False, cache_index=None):
+               kv_BxSxD=None, decode: bool = False, cache_index=None, local=None):
     """Attends from every position, or only from `query_rows_BxQ` (then L below reads Q
     for the queries and the output is [B, Q, D]; keys and values still span all L).
 
@@ -70,6 +81,10 @@ class MultiHeadAttention(nn.Module):
     runs. The flash kernels read padding from `key_mask_BxL` and packed rows from
     `segment_ids_BxL`; only `xla` and `fused` read `mask_Bx1xLxL`, and only they serve
     cross-attention and cached decoding.
+
+    `local` (cfg.global_attention_every > 0): whether this is a local layer (window, local
+    RoPE base; the caller's mask already says which). A traced bool (scanned stack) has no
+    static window, so only `xla` and `fused` serve it.
     """
     cfg = self.cfg
     heads = (cfg.num_heads, cfg.resolved_head_dim)
@@ -80,6 +95,10 @@ class MultiHeadAttention(nn.Module):
                             dropout_active=dropout_active, has_bias=bias_BxHxLxL is not None,
                             sparse_queries=query_rows_BxQ is not None)
     cross = kv_BxSxD is not None
+    static_window = local is None or isinstance(local, bool)
+    window = cfg.sliding_window if local is None or (static_window and local) else None
+    if not static_window and not plan.needs_dense_mask:
+      raise ValueError(f"a per-layer window under nn.scan runs 'xla' or 'fused', not {plan.impl!r}")
     if (cross or decode) and not plan.needs_dense_mask:
       raise ValueError(f"cross-attention and cached decoding run 'xla' or 'fused', "
                        f"not {plan.impl!r}")
@@ -100,8 +119,8 @@ class MultiHeadAttention(nn.Module):
     k_BxLxHxK = proj("key")(kv_BxLxD)
     v_BxLxHxK = proj("value")(kv_BxLxD)
     if cfg.position_embedding == "rope" and not cross:
-      q_BxLxHxK = apply_rope(q_BxLxHxK, q_positions_BxL, cfg.rope_base)
-      k_BxLxHxK = apply_rope(k_BxLxHxK, positions_BxL, cfg.rope_base)
+      q_BxLxHxK = layer_rope(cfg, local, q_BxLxHxK, q_positions_BxL)
+      k_BxLxHxK = layer_rope(cfg, local, k_BxLxHxK, positions_BxL)
     if decode:
       k_BxLxHxK, v_BxLxHxK = self._cached(k_BxLxHxK, v_BxLxHxK, cache_index)
     probs_BxHxLxL = None
@@ -112,12 +131,12 @@ class MultiHeadAttention(nn.Module):
     elif plan.impl == "cudnn":
       out_BxLxHxK = cudnn_attention(
           q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal=cfg.causal,
-          sliding_window=cfg.sliding_window, bias_BxHxQxL=bias_BxHxLxL,
+          sliding_window=window, bias_BxHxQxL=bias_BxHxLxL,
           mask_Bx1xQxL=mask_Bx1xLxL if segment_ids_BxL is not None else None)
     elif plan.impl == "splash":
       out_BxLxHxK = splash_attention(
           q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, q_segments_BxL, kv_segments_BxL,
-          causal=cfg.causal, sliding_window=cfg.sliding_window, interpret=plan.interpret)
+          causal=cfg.causal, sliding_window=window, interpret=plan.interpret)
     elif plan.impl == "fused":
       out_BxLxHxK = jax.nn.dot_product_attention(
           q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,

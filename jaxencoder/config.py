@@ -16,6 +16,8 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 INPUT_KINDS = ("text", "image", "series")
+# Hugging Face layout a checkpoint converts back to (jaxencoder.pretrained).
+FAMILIES = ("bert", "roberta", "distilbert", "electra", "modernbert", "vit")
 POSITION_KINDS = ("learned", "sinusoidal", "rope", "relative", "none")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "fused", "linear")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
@@ -61,12 +63,20 @@ class EncoderConfig:
   head_dim: int | None = None
   mlp_dim: int | None = None
   max_len: int = 512  # rows of the learned position table
+  # Learned positions 0..L-1 read table rows offset..offset+L-1 (RoBERTa: pad id + 1).
+  position_offset: int = 0
+  # Width E of the token/position/type tables when != emb_dim, projected E -> D
+  # (ELECTRA's embeddings_project); None: E = emb_dim, no projection.
+  embedding_dim: int | None = None
 
   # Embeddings and positions.
   position_embedding: str = "learned"
   scale_embeddings: bool = False  # multiply token embeddings by sqrt(D)
   embedding_norm: bool = True  # BERT's LayerNorm after summing embeddings
   rope_base: float = 10_000.0
+  # RoPE linear position interpolation: angles of position / rope_scaling (> 1 stretches
+  # a model trained on L positions to about rope_scaling * L).
+  rope_scaling: float = 1.0
   relative_num_buckets: int = 32
   relative_max_distance: int = 128
 
@@ -75,11 +85,19 @@ class EncoderConfig:
   attention_impl: str = "auto"
   causal: bool = False
   sliding_window: int | None = None  # attend only to |i - j| <= window
+  # n > 0: layers i % n == 0 attend globally, the others within `sliding_window`
+  # (ModernBERT: 3); 0: every layer uses `sliding_window`.
+  global_attention_every: int = 0
+  local_rope_base: float | None = None  # RoPE base of those local layers; None: rope_base
   activation: str = "gelu"
   norm: str = "layernorm"
   norm_position: str = "post"  # BERT is post-norm
   norm_eps: float = 1e-12
   use_bias: bool = True
+  norm_bias: bool = True  # LayerNorm's bias, apart from use_bias (ModernBERT: False)
+  # False: layer 0 attends to its input unnormalised (pre-norm; ModernBERT). Its
+  # attention_norm param stays, unused, so looped and scanned stacks keep one layout.
+  first_attention_norm: bool = True
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   # Dropout on the feed-forward hidden layer [B, L, F]; 0 in BERT, 0.1 in T5.
@@ -102,6 +120,9 @@ class EncoderConfig:
   # (a host callback per call that raises naming the bad id; costs a device -> host copy).
   check_ids: bool = False
 
+  # Provenance: the Hugging Face family `jaxencoder.pretrained.save` writes.
+  family: str = "bert"
+
   def __post_init__(self):
     if isinstance(self.image_size, list):
       object.__setattr__(self, "image_size", tuple(self.image_size))
@@ -115,6 +136,11 @@ class EncoderConfig:
   @property
   def resolved_mlp_dim(self) -> int:
     return self.mlp_dim or 4 * self.emb_dim
+
+  @property
+  def max_positions(self) -> int:
+    """Longest text the learned position table serves: max_len - position_offset."""
+    return self.max_len - self.position_offset
 
   @property
   def patch_grid(self) -> tuple[int, int]:
@@ -155,6 +181,7 @@ class EncoderConfig:
         "attention_impl": ATTENTION_IMPLS, "activation": ACTIVATIONS,
         "norm": NORMS, "norm_position": NORM_POSITIONS, "pooling": POOLINGS,
         "remat_policy": REMAT_POLICIES, "dtype": DTYPES, "param_dtype": DTYPES,
+        "family": FAMILIES,
     }
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
@@ -164,9 +191,19 @@ class EncoderConfig:
     for name in positive:
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    if not 0 <= self.position_offset < self.max_len:
+      raise ValueError(f"position_offset={self.position_offset} must be in [0, "
+                       f"max_len={self.max_len})")
+    if self.embedding_dim is not None and (self.embedding_dim in (0, self.emb_dim) or
+                                           self.embedding_dim < 0 or self.input_kind != "text"):
+      raise ValueError(f"embedding_dim={self.embedding_dim} must be a positive width other than "
+                       f"emb_dim={self.emb_dim} (None: no projection), for input_kind='text' "
+                       f"(got {self.input_kind!r})")
     if self.head_dim is None and self.emb_dim % self.num_heads:
       raise ValueError(f"emb_dim={self.emb_dim} is not divisible by num_heads={self.num_heads}; "
                        "change one or set head_dim explicitly")
+    if self.rope_scaling <= 0:
+      raise ValueError(f"rope_scaling must be positive, got {self.rope_scaling}")
     if self.position_embedding == "rope" and self.resolved_head_dim % 2:
       raise ValueError(f"head_dim={self.resolved_head_dim} must be even for rope positions")
     for name in ("dropout_rate", "attention_dropout_rate", "mlp_dropout_rate"):
@@ -179,12 +216,27 @@ class EncoderConfig:
     if self.pooling == "cls" and not self.has_cls_token:
       raise ValueError("pooling='cls' needs a [CLS] vector: set use_cls_token=True "
                        "or choose pooling 'mean', 'max' or 'attention'")
+    self._validate_layer_pattern()
     if self.attention_impl == "linear":
       unsupported = {"causal": self.causal, "sliding_window": self.sliding_window is not None,
                      "position_embedding='relative'": self.position_embedding == "relative"}
       bad = [k for k, v in unsupported.items() if v]
       if bad:
         raise ValueError(f"attention_impl='linear' does not support {bad}")
+
+  def _validate_layer_pattern(self) -> None:
+    if self.global_attention_every < 0:
+      raise ValueError(f"global_attention_every must be >= 0, got {self.global_attention_every}")
+    if self.global_attention_every and self.sliding_window is None:
+      raise ValueError("global_attention_every > 0 needs sliding_window (the local layers' window)")
+    if self.global_attention_every and self.causal:
+      raise ValueError("global_attention_every > 0 is for bidirectional encoders; set causal=False")
+    if self.local_rope_base is not None and (
+        not self.global_attention_every or self.position_embedding != "rope"):
+      raise ValueError("local_rope_base needs position_embedding='rope' and "
+                       "global_attention_every > 0 (it is the local layers' RoPE base)")
+    if not self.first_attention_norm and self.norm_position != "pre":
+      raise ValueError("first_attention_norm=False needs norm_position='pre'")
 
   def _validate_image(self) -> None:
     if len(self.image_size) != 2:

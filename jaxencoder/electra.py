@@ -39,7 +39,8 @@ def generator_config(cfg: EncoderConfig, scale: float = GENERATOR_SCALE) -> Enco
   if width % heads:
     raise ValueError(f"generator width {width} (emb_dim x {scale}) is not divisible by its "
                      f"{heads} heads; choose another scale")
-  return cfg.replace(input_kind="series", input_features=cfg.emb_dim, use_cls_token=False,
+  return cfg.replace(input_kind="series", input_features=cfg.embedding_dim or cfg.emb_dim,
+                     embedding_dim=None, use_cls_token=False,
                      emb_dim=width, num_heads=heads, head_dim=None,
                      mlp_dim=max(1, round(cfg.resolved_mlp_dim * scale)),
                      pooling="mean", pooler_dense=False, scale_embeddings=False)

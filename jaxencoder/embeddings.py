@@ -26,7 +26,7 @@ def _embed(cfg: EncoderConfig, num: int, axes, name: str) -> nn.Embed:
   compare-and-swap loops: with every row hitting the same few position / type rows it
   cost ~95% of a bf16 train step on an H200 (docs/performance.md). Same values forward.
   """
-  return nn.Embed(num, cfg.emb_dim, dtype=dtype_of(cfg.param_dtype),
+  return nn.Embed(num, cfg.embedding_dim or cfg.emb_dim, dtype=dtype_of(cfg.param_dtype),
                   param_dtype=dtype_of(cfg.param_dtype),
                   embedding_init=kernel_init(cfg, axes), name=name)
 
@@ -79,6 +79,8 @@ class Embeddings(nn.Module):
     if cfg.embedding_norm:
       x_BxLxD = norm(cfg, name="norm")(x_BxLxD)
     x_BxLxD = nn.Dropout(cfg.dropout_rate)(x_BxLxD, deterministic=deterministic)
+    if cfg.embedding_dim is not None:  # ELECTRA: E-wide tables, projected to D
+      x_BxLxD = dense(cfg, cfg.emb_dim, kernel_axes=(None, "embed"), name="project")(x_BxLxD)
     return x_BxLxD, attention_mask_BxL, segment_ids_BxL, positions_BxL
 
   def _prepend_cls(self, x_BxLxD, attention_mask_BxL, segment_ids_BxL):
@@ -96,14 +98,15 @@ class Embeddings(nn.Module):
     cfg = self.cfg
     kind = cfg.position_embedding
     if kind == "learned":
-      return _embed(cfg, num_positions(cfg), (None, "embed"), "position_embed")(positions_BxL)
+      table = _embed(cfg, num_positions(cfg), (None, "embed"), "position_embed")
+      return table(positions_BxL + cfg.position_offset)
     if kind == "sinusoidal" and cfg.input_kind == "image":
       table_PxD = sinusoidal_2d(*grid, cfg.emb_dim)
       if cfg.use_cls_token:  # [CLS] gets no position
         table_PxD = jnp.concatenate([jnp.zeros((1, cfg.emb_dim)), table_PxD])
       return table_PxD[None]
     if kind == "sinusoidal":
-      return sinusoidal(positions_BxL, cfg.emb_dim)
+      return sinusoidal(positions_BxL, cfg.embedding_dim or cfg.emb_dim)
     return jnp.zeros((), jnp.float32)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +31,7 @@ EMBEDDINGS = "embeddings"  # the front end: token / patch / series, positions, t
 LAYER_PREFIX = "layers_"  # looped stack: layers_0 ... layers_{N-1}
 SCANNED_LAYERS = "layers"  # scanned stack: one subtree, every leaf with a leading [N] axis
 _LAYER_NAME = re.compile(rf"^{LAYER_PREFIX}(\d+)$")
+log = logging.getLogger(__name__)
 
 
 def layer_name(i: int) -> str:
@@ -90,6 +92,24 @@ class BlockInputs:
   output_hidden_states: bool = flax.struct.field(pytree_node=False)
   attention: AttentionPlan = flax.struct.field(pytree_node=False,
                                                default=AttentionPlan("xla"))
+  # cfg.global_attention_every > 0: the local layers' mask (mask_Bx1xLxL is the global one).
+  local_mask_Bx1xLxL: jax.Array | None = None
+
+  def layer_mask(self, local):
+    """The mask of a layer: `local` None (no per-layer pattern), a bool, or traced."""
+    if local is None or self.mask_Bx1xLxL is None:
+      return self.mask_Bx1xLxL
+    if isinstance(local, jax.Array):
+      return jnp.where(local, self.local_mask_Bx1xLxL, self.mask_Bx1xLxL)
+    return self.local_mask_Bx1xLxL if local else self.mask_Bx1xLxL
+
+
+def local_layer(cfg: EncoderConfig, layer):
+  """Whether layer `layer` (an int, or traced in a scanned stack) attends locally; None
+  without a per-layer pattern (every layer then uses cfg.sliding_window)."""
+  if not cfg.global_attention_every:
+    return None
+  return layer % cfg.global_attention_every != 0
 
 
 class EncoderBlock(nn.Module):
@@ -98,22 +118,28 @@ class EncoderBlock(nn.Module):
   Returns (x, out): out holds this layer's output and attention weights when asked
   (None otherwise), so a scanned stack stacks them along a leading layer axis.
   With `query_rows_BxQ`, only those rows are computed (keys and values still come
-  from every position) and x is [B, Q, D].
+  from every position) and x is [B, Q, D]. Its index (global or local attention, layer
+  0's norm) is `layer` in a looped stack, `scanned_layer` (traced) in a scanned one.
   """
   cfg: EncoderConfig
+  layer: int | None = None
 
   @nn.compact
-  def __call__(self, x_BxLxD, inputs: BlockInputs, query_rows_BxQ=None):
+  def __call__(self, x_BxLxD, inputs: BlockInputs, query_rows_BxQ=None, scanned_layer=None):
     cfg = self.cfg
     drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=inputs.deterministic)
     pre = cfg.norm_position == "pre"
+    index = self.layer if self.layer is not None else scanned_layer
+    if index is None and (cfg.global_attention_every or not cfg.first_attention_norm):
+      raise ValueError("this config differs per layer: give EncoderBlock its `layer` index")
+    local = local_layer(cfg, index)
     attention = MultiHeadAttention(cfg, name="attention")
-    h_BxLxD = norm(cfg, name="attention_norm")(x_BxLxD) if pre else x_BxLxD
+    h_BxLxD = self._attention_input(x_BxLxD, index) if pre else x_BxLxD
     h_BxLxD, probs_BxHxLxL = attention(
-        h_BxLxD, inputs.mask_Bx1xLxL, inputs.bias_BxHxLxL, inputs.key_mask_BxL,
+        h_BxLxD, inputs.layer_mask(local), inputs.bias_BxHxLxL, inputs.key_mask_BxL,
         inputs.positions_BxL, deterministic=inputs.deterministic,
         output_attentions=inputs.output_attentions, query_rows_BxQ=query_rows_BxQ,
-        segment_ids_BxL=inputs.segment_ids_BxL, plan=inputs.attention)
+        segment_ids_BxL=inputs.segment_ids_BxL, plan=inputs.attention, local=local)
     if query_rows_BxQ is not None:  # from here on only the Q query rows: [B, Q, D]
       x_BxLxD = take_rows(x_BxLxD, query_rows_BxQ)
     x_BxLxD = x_BxLxD + drop(h_BxLxD)
@@ -128,6 +154,16 @@ class EncoderBlock(nn.Module):
     out = {"hidden_state": x_BxLxD if inputs.output_hidden_states else None,
            "attention": probs_BxHxLxL}
     return x_BxLxD, out
+
+  def _attention_input(self, x_BxLxD, index):
+    """Pre-norm attention input: attention_norm(x), or x itself in layer 0 when
+    cfg.first_attention_norm is False (the param exists either way: one stacked layout)."""
+    normed_BxLxD = norm(self.cfg, name="attention_norm")(x_BxLxD)
+    if self.cfg.first_attention_norm:
+      return normed_BxLxD
+    if isinstance(index, jax.Array):
+      return jnp.where(index == 0, x_BxLxD, normed_BxLxD)
+    return x_BxLxD if index == 0 else normed_BxLxD
 
 
 def block_class(cfg: EncoderConfig, in_scan: bool,
@@ -147,10 +183,12 @@ def scanned_blocks(cfg: EncoderConfig, length: int,
                    block: type[nn.Module] | None = None) -> type[nn.Module]:
   """`length` blocks under nn.scan (default: EncoderBlocks, rematerialised per the config):
   params (and a decoder's 'cache') stacked on a leading [length] axis, the block inputs
-  broadcast to every step, dropout drawn afresh per layer."""
+  broadcast to every step, dropout drawn afresh per layer. EncoderBlocks are called
+  (x, inputs, None, layers_N): their indices are scanned, the rest broadcast."""
+  in_axes = nn.broadcast if block else (nn.broadcast, nn.broadcast, 0)
   return nn.scan(block or block_class(cfg, in_scan=True),
                  variable_axes={"params": 0, "cache": 0},
-                 split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
+                 split_rngs={"params": True, "dropout": True}, in_axes=in_axes,
                  length=length, metadata_params=_LAYERS_AXIS)
 
 
@@ -176,9 +214,10 @@ class _ScanThenSparseLast(nn.Module):
     cfg, outs = self.cfg, []
     if cfg.num_layers > 1:
       x_BxLxD, stacked = scanned_blocks(cfg, cfg.num_layers - 1)(cfg, name="scanned")(
-          x_BxLxD, inputs)
+          x_BxLxD, inputs, None, jnp.arange(cfg.num_layers - 1))
       outs = _unstack(stacked, cfg.num_layers - 1)
-    x_BxQxD, out = block_class(cfg, in_scan=False)(cfg, name="last")(x_BxLxD, inputs, rows_BxQ)
+    x_BxQxD, out = block_class(cfg, in_scan=False)(cfg, cfg.num_layers - 1, name="last")(
+        x_BxLxD, inputs, rows_BxQ)
     return x_BxQxD, outs + [out]
 
 
@@ -227,17 +266,26 @@ class Encoder(nn.Module):
         cfg, output_attentions=output_attentions, sparse_queries=sparse_last,
         dropout_active=not deterministic and cfg.attention_dropout_rate > 0,
         has_bias=cfg.position_embedding == "relative")
-    mask_Bx1xLxL = None  # flash kernels take padding as lengths or segment ids instead
+    mixed = cfg.global_attention_every > 0  # global and local layers
+    if mixed and cfg.scan_layers and not plan.needs_dense_mask:
+      log.warning("attention_impl=%r: %s cannot take a per-layer window under nn.scan; "
+                  "using xla", cfg.attention_impl, plan.impl)
+      plan = AttentionPlan("xla")
+    mask_Bx1xLxL = local_mask_Bx1xLxL = None  # flash kernels take padding as lengths or
+    #                                           segment ids instead
     if plan.needs_dense_mask or (plan.impl == "cudnn" and segment_ids is not None):
       mask_Bx1xLxL = make_attention_mask(mask_BxL, segment_ids, causal=cfg.causal,
-                                         sliding_window=cfg.sliding_window)
+                                         sliding_window=None if mixed else cfg.sliding_window)
+      if mixed:
+        local_mask_Bx1xLxL = make_attention_mask(mask_BxL, segment_ids,
+                                                 sliding_window=cfg.sliding_window)
     bias_BxHxLxL = None
     if cfg.position_embedding == "relative":
       bias_BxHxLxL = RelativePositionBias(cfg, name="relative_bias")(positions_BxL)
 
     block_inputs = BlockInputs(mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL,
                                segment_ids, deterministic, output_attentions,
-                               output_hidden_states, plan)
+                               output_hidden_states, plan, local_mask_Bx1xLxL)
     last_BxLxD, layer_outs = self._stack(x_BxLxD, block_inputs, rows_BxQ)
     if cfg.norm_position == "pre":
       last_BxLxD = norm(cfg, name="final_norm")(last_BxLxD)
@@ -264,12 +312,12 @@ class Encoder(nn.Module):
       block, outs = block_class(cfg, in_scan=False), []
       for i in range(cfg.num_layers):
         rows = last_rows_BxQ if i == cfg.num_layers - 1 else None
-        x_BxLxD, out = block(cfg, name=layer_name(i))(x_BxLxD, inputs, rows)
+        x_BxLxD, out = block(cfg, i, name=layer_name(i))(x_BxLxD, inputs, rows)
         outs.append(out)
       return x_BxLxD, outs
     if last_rows_BxQ is not None:
       sparse = nn.map_variables(_ScanThenSparseLast, "params", trans_in_fn=_split_last_layer)
       return sparse(cfg, name=SCANNED_LAYERS)(x_BxLxD, inputs, last_rows_BxQ)
     x_BxLxD, stacked = scanned_blocks(cfg, cfg.num_layers)(cfg, name=SCANNED_LAYERS)(
-        x_BxLxD, inputs)
+        x_BxLxD, inputs, None, jnp.arange(cfg.num_layers))
     return x_BxLxD, _unstack(stacked, cfg.num_layers)

@@ -27,7 +27,8 @@ class MlmHead(nn.Module):
     if masked_positions_BxM is not None:
       x_BxLxD = take_rows(x_BxLxD, masked_positions_BxM)
     act = ACTIVATIONS["gelu" if cfg.activation in ("swiglu", "geglu") else cfg.activation]
-    h_BxLxD = act(dense(cfg, cfg.emb_dim, kernel_axes=("embed", None), name="transform")(x_BxLxD))
+    width = embedding_VxD.shape[-1]  # emb_dim, or embedding_dim (ELECTRA's E)
+    h_BxLxD = act(dense(cfg, width, kernel_axes=("embed", None), name="transform")(x_BxLxD))
     h_BxLxD = norm(cfg, name="norm")(h_BxLxD)
     bias_V = self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,),
                         dtype_of(cfg.param_dtype))

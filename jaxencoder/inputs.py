@@ -64,10 +64,13 @@ def check_inputs(cfg: EncoderConfig, inputs, attention_mask=None, token_type_ids
                  cfg.check_ids)
   if cfg.position_embedding == "learned" and cfg.input_kind != "image":
     total_len = len_BxL[1] + int(cfg.input_kind == "series" and cfg.use_cls_token)
-    if total_len > cfg.max_len:
+    rows = cfg.max_positions  # max_len - position_offset
+    if total_len > rows:
+      table = (f"max_len={cfg.max_len}" if not cfg.position_offset else
+               f"max_len={cfg.max_len} - position_offset={cfg.position_offset} = {rows} rows")
       raise ValueError(f"sequence length {total_len} is longer than the position table "
-                       f"(max_len={cfg.max_len})")
-    _check_range("positions", positions, cfg.max_len, "max_len of the position table")
+                       f"({table})")
+    _check_range("positions", positions, rows, "max_len - position_offset of the position table")
   return len_BxL
 
 

@@ -81,13 +81,14 @@ def dense(cfg: EncoderConfig, features: int | tuple[int, ...], *,
 
 
 def norm(cfg: EncoderConfig, name: str | None = None) -> nn.Module:
-  """LayerNorm or RMSNorm over the model axis (statistics in float32)."""
+  """LayerNorm (bias per `cfg.norm_bias`) or RMSNorm over the model axis (statistics in
+  float32)."""
   scale_init = nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",))
   common = dict(epsilon=cfg.norm_eps, dtype=dtype_of(cfg.dtype),
                 param_dtype=dtype_of(cfg.param_dtype), scale_init=scale_init, name=name)
   if cfg.norm == "rmsnorm":
     return nn.RMSNorm(**common)
-  return nn.LayerNorm(bias_init=zeros_init(("embed",)), **common)
+  return nn.LayerNorm(use_bias=cfg.norm_bias, bias_init=zeros_init(("embed",)), **common)
 
 
 def take_rows(x, rows_BxQ: jax.Array, axis: int = 1) -> jax.Array:

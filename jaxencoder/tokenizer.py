@@ -1,10 +1,15 @@
-"""BERT WordPiece tokenizer: a thin wrapper over HF `tokenizers` that returns numpy.
+"""Tokenizers (BERT WordPiece, RoBERTa byte-level BPE): HF `tokenizers` in, numpy out.
 
 Outputs are int32 arrays: `input_ids`, `attention_mask`, `token_type_ids`
-(0 for `[CLS] a [SEP]`, 1 for `b [SEP]`) and `word_ids` (index of the word of
-sequence a or b a token belongs to; -1 for special and padding tokens).
+(BERT: 0 for `[CLS] a [SEP]`, 1 for `b [SEP]`; RoBERTa: all 0) and `word_ids` (index
+of the word of sequence a or b a token belongs to; -1 for special and padding tokens).
 `first_subword_index` maps each word of sequence a to the position of its
 first sub-word (-1 when truncation removed the word), for word-level labels.
+Special tokens are found by role (pad, unk, cls, sep, mask): `[PAD]`... or `<pad>`...
+
+Byte-level BPE marks a leading space in the token (`Ġ`): pre-split words after the
+first get one, so they encode as the same words joined by spaces would. (transformers'
+`is_split_into_words` with `add_prefix_space=True` also prefixes the first word.)
 
 Train a vocab:  python -m jaxencoder.tokenizer train --input DIR --vocab-size N --out DIR
 (files and directories may be gs:// URLs).
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import pathlib
 import threading
@@ -27,6 +33,10 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from jaxencoder.io.paths import as_path, local_copy, make_dirs
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# Role -> its token in BERT's vocabularies, then in RoBERTa's (byte-level BPE).
+SPECIAL_ROLES = {"pad": ("[PAD]", "<pad>"), "unk": ("[UNK]", "<unk>"),
+                 "cls": ("[CLS]", "<s>"), "sep": ("[SEP]", "</s>"), "mask": ("[MASK]", "<mask>")}
+ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 Batch = dict[str, np.ndarray]
 
 
@@ -41,6 +51,17 @@ def _bert_pipeline(tok: tokenizers.Tokenizer, lowercase: bool, strip_accents: bo
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
   tok.decoder = decoders.WordPiece(prefix="##")
+
+
+def _roberta_pipeline(tok: tokenizers.Tokenizer):
+  """Installs RoBERTa's byte-level pre-tokeniser and decoder, and `<s> a </s></s> b </s>`."""
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([t for t in ROBERTA_SPECIALS if t in tok.get_vocab()])
+  cls_id, sep_id = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+  if cls_id is not None and sep_id is not None:
+    tok.post_processor = processors.RobertaProcessing(("</s>", sep_id), ("<s>", cls_id),
+                                                      add_prefix_space=False)
 
 
 def _read_vocab(path: epath.Path) -> dict[str, int]:
@@ -59,20 +80,22 @@ def default_tokenizer_path() -> pathlib.Path | None:
 
 
 def _resolve(path: str | os.PathLike) -> epath.Path:
-  """A tokenizer.json or vocab.txt, or a directory holding one (json preferred)."""
+  """A tokenizer.json, vocab.txt or vocab.json (+ merges.txt), or a directory holding one
+  (in that order of preference)."""
   path = as_path(path)
   if path.is_dir():
-    for name in ("tokenizer.json", "vocab.txt"):
+    for name in ("tokenizer.json", "vocab.txt", "vocab.json"):
       if (path / name).exists():
         return path / name
-    raise FileNotFoundError(f"{path}: holds neither tokenizer.json nor vocab.txt")
+    raise FileNotFoundError(f"{path}: holds neither tokenizer.json nor vocab.txt "
+                            "nor vocab.json + merges.txt")
   if not path.exists():
     raise FileNotFoundError(f"{path}: no such tokenizer file")
   return path
 
 
 class Tokenizer:
-  """Numpy-in, numpy-out BERT WordPiece tokenizer."""
+  """Numpy-in, numpy-out tokenizer: BERT WordPiece or RoBERTa byte-level BPE."""
 
   def __init__(self, hf: tokenizers.Tokenizer):
     self.hf = hf
@@ -80,6 +103,12 @@ class Tokenizer:
     self.hf.no_truncation()
     self._lock = threading.Lock()  # truncation is tokenizer state; guard it per call.
     self._max_length: int | None = None
+    pre = json.loads(hf.pre_tokenizer.__getstate__()) if hf.pre_tokenizer else {}
+    steps = pre.get("pretokenizers", [pre])  # a Sequence, or one pre-tokeniser
+    self.byte_level = any(step.get("type") == "ByteLevel" for step in steps)
+    model = type(hf.model).__name__.lower()
+    # "wordpiece", "byte_level_bpe", else the model's type, e.g. "unigram".
+    self.kind = "byte_level_bpe" if model == "bpe" and self.byte_level else model
 
   @classmethod
   def from_file(cls, path, *, lowercase: bool | None = None,
@@ -90,6 +119,8 @@ class Tokenizer:
     tokenizer.json the file's normaliser is kept unless an option is given.
     """
     path = _resolve(path)
+    if path.name == "vocab.json":
+      return cls.from_bpe_files(path, path.parent / "merges.txt")
     if path.suffix == ".json":
       hf = tokenizers.Tokenizer.from_str(path.read_text(encoding="utf-8"))
       if lowercase is not None or strip_accents is not None:
@@ -108,6 +139,14 @@ class Tokenizer:
     _bert_pipeline(hf, lowercase, strip_accents)
     return cls(hf)
 
+  @classmethod
+  def from_bpe_files(cls, vocab_json, merges_txt) -> "Tokenizer":
+    """RoBERTa's byte-level BPE from vocab.json + merges.txt."""
+    with local_copy(vocab_json) as vocab, local_copy(merges_txt) as merges:
+      hf = tokenizers.Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+    _roberta_pipeline(hf)
+    return cls(hf)
+
   # --- special ids -----------------------------------------------------------------------
   @property
   def vocab_size(self) -> int:
@@ -119,20 +158,32 @@ class Tokenizer:
       raise KeyError(f"special token {token} is not in the vocab")
     return i
 
-  pad_id = property(lambda self: self._id("[PAD]"))
-  unk_id = property(lambda self: self._id("[UNK]"))
-  cls_id = property(lambda self: self._id("[CLS]"))
-  sep_id = property(lambda self: self._id("[SEP]"))
-  mask_id = property(lambda self: self._id("[MASK]"))
+  def _role_id(self, role: str) -> int:
+    """Id of the first of a role's tokens (SPECIAL_ROLES) in the vocab."""
+    for token in SPECIAL_ROLES[role]:
+      i = self.hf.token_to_id(token)
+      if i is not None:
+        return i
+    raise KeyError(f"special token {' / '.join(SPECIAL_ROLES[role])} is not in the vocab")
+
+  pad_id = property(lambda self: self._role_id("pad"))
+  unk_id = property(lambda self: self._role_id("unk"))
+  cls_id = property(lambda self: self._role_id("cls"))
+  sep_id = property(lambda self: self._role_id("sep"))
+  mask_id = property(lambda self: self._role_id("mask"))
 
   @property
   def special_ids(self) -> np.ndarray:
-    """Sorted int32 ids of the special tokens present in the vocab."""
-    ids = [self.hf.token_to_id(t) for t in SPECIAL_TOKENS]
+    """Sorted int32 ids of the special tokens (one per role) present in the vocab."""
+    ids = [next((i for t in tokens if (i := self.hf.token_to_id(t)) is not None), None)
+           for tokens in SPECIAL_ROLES.values()]
     return np.array(sorted(i for i in ids if i is not None), np.int32)
 
   # --- encoding --------------------------------------------------------------------------
   def _encode_raw(self, inputs, max_length, is_pretokenized):
+    if is_pretokenized and self.byte_level:  # Ġ: a space before every word but the first
+      spaced = lambda words: [w if j == 0 else " " + w for j, w in enumerate(words)]
+      inputs = [tuple(map(spaced, x)) if isinstance(x, tuple) else spaced(x) for x in inputs]
     with self._lock:
       if max_length != self._max_length:
         if max_length is None:
@@ -189,10 +240,19 @@ class Tokenizer:
                           skip_special_tokens=skip_special_tokens)
 
   def save(self, out_dir) -> epath.Path:
-    """Writes tokenizer.json and vocab.txt (one token per line, in id order)."""
+    """Writes tokenizer.json and vocab.txt (one token per line, in id order); byte-level
+    BPE: tokenizer.json, vocab.json and merges.txt (what RobertaTokenizer reads)."""
     out = as_path(out_dir)
     make_dirs(out)
     (out / "tokenizer.json").write_text(self.hf.to_str(pretty=True), encoding="utf-8")
+    if self.kind == "byte_level_bpe":
+      model = json.loads(self.hf.to_str())["model"]
+      (out / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False),
+                                      encoding="utf-8")
+      merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+      (out / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges),
+                                      encoding="utf-8")
+      return out
     vocab = sorted(self.hf.get_vocab().items(), key=lambda kv: kv[1])
     (out / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
     return out

@@ -16,7 +16,7 @@ from data_helpers import WORDS
 from jaxencoder import EncoderDecoder, greedy_decode
 from jaxencoder.decoder import Decoder, decoder_config
 from jaxencoder.encoder import ENCODER
-from jaxencoder.train import tasks
+from jaxencoder.train import predict, tasks
 from jaxencoder.train.__main__ import load_config
 from jaxencoder.train.config import apply_overrides
 from jaxencoder.train.loop import train_and_evaluate
@@ -216,3 +216,10 @@ def test_seq2seq_learns_to_restore_memorised_sentences(tmp_path):
   losses = [r["loss"] for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
   assert losses[-1] < 0.3 * losses[0]
   assert metrics["exact_match"] >= 0.9, metrics
+  # jaxencoder-predict decodes greedily from the run: shuffled words in, the sentence out.
+  sentences = sorted({t.strip() for t in (tmp_path / "three" / "a.txt").read_text().split("\n\n")})
+  rng = np.random.default_rng(1)
+  shuffled = [" ".join(rng.permutation(s.split())) for s in sentences]
+  outputs = predict.predict(predict.load(tmp_path / "run"), shuffled)
+  assert [o.split("\t")[1] for o in outputs] == shuffled
+  assert sum(o.split("\t")[0] == s for o, s in zip(outputs, sentences)) >= 2, outputs

@@ -20,6 +20,7 @@ from jaxencoder.data import builders
 from jaxencoder.electra import Electra, generator_config, replace_tokens
 from jaxencoder.encoder import EMBEDDINGS, ENCODER, Encoder
 from jaxencoder.train import predict, pretraining, tasks
+from jaxencoder.train.config import encoder_config, finalize
 from jaxencoder.train.loop import train_and_evaluate
 from jaxencoder.train.metrics import read_metrics
 
@@ -136,6 +137,26 @@ def test_loss_is_generator_mlm_plus_50_times_discriminator_bce():
   only_generator = tasks.make_task("electra", cfg, max_predictions=5, discriminator_weight=0.0)
   loss0, _ = jax.jit(lambda p: only_generator.loss_fn(p, batch, jax.random.key(3), True))(params)
   np.testing.assert_allclose(float(loss0), m["generator_loss"], rtol=1e-5)
+  q = m["replaced_fraction"]  # the base rate's BCE: the baseline of discriminator_loss
+  np.testing.assert_allclose(m["discriminator_prior_loss"],
+                             -(q * np.log(q) + (1 - q) * np.log(1 - q)), rtol=1e-6)
+
+
+def test_config_options_reach_the_electra_task(tmp_path):
+  """--config.electra.generator_scale / discriminator_weight are what the task uses."""
+  config = electra_config(tmp_path, th.text_corpus(tmp_path), th.write_vocab(tmp_path))
+  config.electra.generator_scale, config.electra.discriminator_weight = 0.5, 0.0
+  config = finalize(config)
+  task = tasks.task_from_config(config, encoder_config(config), num_classes=2)
+  batch = mlm_batch()
+  params = init(task, batch)
+  cfg = encoder_config(config)
+  shapes = lambda scale: jax.tree.map(np.shape, init(
+      tasks.make_task("electra", cfg, generator_scale=scale), batch)["generator"])
+  assert jax.tree.map(np.shape, params["generator"]) == shapes(0.5) != shapes(0.25)
+  loss, sums = task.loss_fn(params, batch, jax.random.key(3), True)
+  np.testing.assert_allclose(float(loss), tasks.summarize(jax.device_get(sums))["generator_loss"],
+                             rtol=1e-5)  # weight 0: the generator's loss alone
 
 
 def shakespeare_slice(root: pathlib.Path, lines: int = 600) -> tuple[str, pathlib.Path]:

@@ -21,7 +21,7 @@ from data_helpers import WORDS, tiny_tokenizer
 from jaxencoder.data import builders, records, shakespeare_tasks, sources
 from jaxencoder.data.readers import DataError
 from jaxencoder.heads import info_nce_loss
-from jaxencoder.train import objectives, tasks
+from jaxencoder.train import objectives, pipelines, predict, tasks
 from jaxencoder.train.loop import train_and_evaluate
 from jaxencoder.train.metrics import read_metrics
 
@@ -350,3 +350,17 @@ def test_each_config_trains_2_steps_on_data_made_here(tmp_path, name):
   assert config.task == CONFIGS[name] and np.isfinite(metrics["loss"])
   assert np.isfinite(metrics[METRICS[name]]), metrics
   assert [r["step"] for r in read_metrics(tmp_path / "run") if r["split"] == "eval"] == [2]
+  lines = ["the cat sat on the mat", "a dog ran"]
+  if name in ("span", "multiple_choice"):
+    with pytest.raises(ValueError, match=f"predict does not support task '{CONFIGS[name]}'"):
+      predict.load(tmp_path / "run")
+    return
+  out = predict.predict(predict.load(tmp_path / "run"), lines)
+  if name == "regression":
+    assert [o.split("\t")[1] for o in out] == lines and all(
+        np.isfinite(float(o.split("\t")[0])) for o in out)
+  elif name == "multilabel":
+    names = set(pipelines.label_names(config.data, config.data.source))
+    assert all(set(filter(None, o.split("\t")[0].split(","))) <= names for o in out)
+  else:  # contrastive: pooled vectors
+    assert out.shape == (2, config.model.emb_dim)

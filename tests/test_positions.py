@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from jaxencoder.positions import RelativePositionBias, relative_bucket, sinusoidal_2d
+from jaxencoder import Encoder
+from jaxencoder.config import EncoderConfig
+from jaxencoder.positions import (RelativePositionBias, apply_rope, relative_bucket,
+                                  resample_position_grid, resample_position_table, sinusoidal_2d)
 
 # T5 (num_buckets=32, max_distance=128): 16 buckets per direction, keys after the query
 # (offset = key - query > 0) in 16..31; offsets below 8 exact, then
@@ -80,3 +83,74 @@ def test_2d_sinusoids_give_rows_then_columns_of_the_patch_grid():
 def test_2d_sinusoids_need_an_even_width():
   with pytest.raises(ValueError, match="emb_dim=7 must be even"):
     sinusoidal_2d(2, 2, 7)
+
+
+# ------------------------------------------------------------------ resampling tables
+def test_bilinear_2x2_grid_to_4x4_matches_hand_computed_values():
+  """Half-pixel centres: output row i reads src (i + 0.5) / 2 - 0.5 = -0.25 (clamped to 0),
+  0.25, 0.75, 1.25 (past the last row: row 1), so each axis weighs the two old rows
+  [1, 0], [.75, .25], [.25, .75], [0, 1]. Grid [[0, 1], [2, 3]], [CLS] row 9 kept."""
+  table_5x1 = np.array([[9.0], [0.0], [1.0], [2.0], [3.0]], np.float32)
+  out = np.asarray(resample_position_grid(table_5x1, (2, 2), (4, 4), "bilinear"))
+  expected = [[0.0, 0.25, 0.75, 1.0],
+              [0.5, 0.75, 1.25, 1.5],
+              [1.5, 1.75, 2.25, 2.5],
+              [2.0, 2.25, 2.75, 3.0]]
+  assert out.shape == (17, 1) and out[0, 0] == 9.0
+  np.testing.assert_allclose(out[1:, 0].reshape(4, 4), expected, atol=1e-6)
+
+
+def test_bicubic_row_matches_hand_computed_keys_a_minus_0_75_weights():
+  """[0, 1] -> 4 samples at src -0.25, 0.25, 0.75, 1.25. At src 0.25 (t = 0.25) the taps
+  -1, 0, 1, 2 (clamped to 0, 0, 1, 1) weigh -0.10546875, 0.87890625, 0.26171875,
+  -0.03515625, so out[1] = 0.26171875 - 0.03515625; at src -0.25 only the last tap reads
+  the 1: out[0] = -0.10546875 (an overshoot, as torch's). The rest by symmetry."""
+  table_2x1 = np.array([[0.0], [1.0]], np.float32)
+  out = np.asarray(resample_position_grid(table_2x1, (1, 2), (1, 4), "bicubic"))[:, 0]
+  np.testing.assert_allclose(out, [-0.10546875, 0.2265625, 0.7734375, 1.10546875], atol=1e-7)
+
+
+def test_grid_resample_keeps_rank_and_is_the_identity_at_the_same_size():
+  table_1xTxD = jax.random.normal(jax.random.key(0), (1, 1 + 6, 3))
+  same = resample_position_grid(table_1xTxD, (2, 3), (2, 3))
+  np.testing.assert_allclose(same, table_1xTxD, atol=1e-6)
+  assert resample_position_grid(table_1xTxD, (2, 3), (4, 5)).shape == (1, 1 + 20, 3)
+  with pytest.raises(ValueError, match="a 3x3 grid needs 9"):
+    resample_position_grid(table_1xTxD, (3, 3), (4, 4))
+  with pytest.raises(ValueError, match="method='nearest'"):
+    resample_position_grid(table_1xTxD, (2, 3), (4, 4), "nearest")
+
+
+def test_linear_table_extension_keeps_the_ends_and_interpolates_between():
+  """3 rows [0, 10, 20] -> 5: src i * 2/4 = 0, .5, 1, 1.5, 2; -> 4: src i * 2/3."""
+  table_3x2 = np.array([[0.0, 1.0], [10.0, 1.0], [20.0, 1.0]], np.float32)
+  np.testing.assert_allclose(resample_position_table(table_3x2, 5)[:, 0],
+                             [0, 5, 10, 15, 20], atol=1e-5)
+  np.testing.assert_allclose(resample_position_table(table_3x2, 4)[:, 0],
+                             [0, 20 / 3, 40 / 3, 20], atol=1e-5)
+  np.testing.assert_allclose(resample_position_table(table_3x2, 5)[:, 1], 1.0, atol=1e-6)
+
+
+def test_rope_scaling_2_at_position_2_equals_scaling_1_at_position_1():
+  x_BxLxHxK = jax.random.normal(jax.random.key(0), (1, 3, 2, 8))
+  at_2_4_6 = apply_rope(x_BxLxHxK, jnp.array([[2, 4, 6]]), 10_000.0, scaling=2.0)
+  at_1_2_3 = apply_rope(x_BxLxHxK, jnp.array([[1, 2, 3]]), 10_000.0)
+  np.testing.assert_allclose(at_2_4_6, at_1_2_3, atol=1e-6)
+  positions = jnp.array([[0, 5, 9]])
+  np.testing.assert_array_equal(apply_rope(x_BxLxHxK, positions, 1e4, 1.0),
+                                apply_rope(x_BxLxHxK, positions, 1e4))
+
+
+def test_encoder_rope_scaling_reads_positions_divided_by_the_factor():
+  """The config field reaches attention: positions 2p with rope_scaling=2 give the outputs
+  of positions p unscaled."""
+  cfg = tiny_config(position_embedding="rope")
+  ids_BxL = jnp.arange(1, 9, dtype=jnp.int32)[None]
+  params = Encoder(cfg).init(jax.random.key(0), ids_BxL)["params"]
+  positions_BxL = jnp.arange(8, dtype=jnp.int32)[None]
+  plain = Encoder(cfg).apply({"params": params}, ids_BxL, positions=positions_BxL)
+  scaled = Encoder(cfg.replace(rope_scaling=2.0)).apply({"params": params}, ids_BxL,
+                                                        positions=2 * positions_BxL)
+  np.testing.assert_allclose(scaled.last_hidden_state, plain.last_hidden_state, atol=1e-5)
+  with pytest.raises(ValueError, match="rope_scaling must be positive"):
+    EncoderConfig(rope_scaling=0.0)

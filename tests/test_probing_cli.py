@@ -195,3 +195,19 @@ def test_read_dataset_takes_csv_columns_by_name_or_a_headerless_file(tmp_path):
   bare.write_text("the cat,pos\na dog,neg\n")
   dataset = features.read_dataset(bare, columns=readers.Columns(header=False))
   assert dataset.sentences == ["the cat", "a dog"] and dataset.labels == ["pos", "neg"]
+
+
+def test_cli_max_len_extends_a_pretrained_table_for_longer_sentences(model, tmp_path, caplog):
+  pretrained = pytest.importorskip("jaxencoder.pretrained")
+  from jaxencoder.probing import __main__ as probe
+  cfg, params, tok = model  # a 64-row position table
+  pretrained.save(tmp_path / "hf", cfg, params, tok)
+  data = tmp_path / "long.csv"
+  data.write_text("text,label\n" + "".join(
+      f"{' '.join(WORDS[i % 7:i % 7 + 4] * 25)},{'yes' if i % 2 else 'no'}\n" for i in range(20)))
+  args = ["--pretrained", str(tmp_path / "hf"), "--data", str(data), "--max-epochs", "2"]
+  short = probe.main(args + ["--out", str(tmp_path / "short")])
+  assert short["data"]["buckets"][-1] == cfg.max_positions  # cut to the table
+  longer = probe.main(args + ["--out", str(tmp_path / "long"), "--max-len", "128"])
+  assert longer["data"]["buckets"][-1] == 128
+  assert "position table resized by interpolation from 64 to 128 rows" in caplog.text

@@ -14,9 +14,10 @@ from jaxencoder.data import builders, pairs
 from jaxencoder.data.mlm import MaskSpec
 from jaxencoder.data.readers import DataError
 from jaxencoder.train import tasks
-from jaxencoder.train.config import finalize
+from jaxencoder.train.config import encoder_config, finalize, resolved_task
 from jaxencoder.train.loop import train_and_evaluate
 from jaxencoder.train.pipelines import make_pipelines
+from jaxencoder.train.tasks import task_from_config
 
 
 def corpus(files: int = 3, per_file: int = 8) -> list[dict]:
@@ -159,13 +160,28 @@ def test_packing_sentence_pairs_is_refused(tmp_path):
     make_pipelines(finalize(config))
 
 
-def test_pair_task_batches_carry_labels_and_prediction_positions(tmp_path):
-  config = finalize(pair_config(tmp_path, task="mlm_nsp"))
-  batch, m = next(iter(make_pipelines(config).train)), config.max_predictions
-  assert batch["pair_labels"].shape == (16,) and batch["mlm_positions"].shape == (16, m)
-  picked = np.take_along_axis(batch["mlm_weights"], batch["mlm_positions"], 1).sum(1)
-  np.testing.assert_array_equal(picked, np.minimum(batch["mlm_weights"].sum(1), m))
-  assert set(np.unique(batch["pair_labels"])) == {0, 1}
+def test_sentence_pair_is_an_option_of_mlm_and_keeps_max_predictions(tmp_path):
+  """task mlm + sentence_pair nsp: pair batches, and the task predicts at most
+  max_predictions masked tokens per row (the rest counted as dropped)."""
+  config = finalize(pair_config(tmp_path, task="mlm", sentence_pair="nsp", max_predictions=1))
+  assert resolved_task(config) == "mlm_nsp"
+  batch = next(iter(make_pipelines(config).train))
+  assert batch["pair_labels"].shape == (16,) and set(np.unique(batch["pair_labels"])) == {0, 1}
+  task = task_from_config(config, encoder_config(config), num_classes=2)
+  params = nn.meta.unbox(task.model.init(jax.random.key(0), *task.example_batch(batch))["params"])
+  _, sums = task.loss_fn(params, batch, jax.random.key(0), False)
+  masked_B = batch["mlm_weights"].sum(1)
+  assert float(sums["dropped"]) == np.maximum(masked_B - 1, 0).sum() > 0
+  assert float(sums["loss_weight"]) == np.minimum(masked_B, 1).sum()
+
+
+def test_sentence_pair_on_another_task_is_an_error(tmp_path):
+  config = pair_config(tmp_path, task="classify", sentence_pair="sop")
+  with pytest.raises(ValueError, match="sentence_pair='sop' is an option of task 'mlm'"):
+    finalize(config)
+  config.task, config.sentence_pair = "mlm", "next"
+  with pytest.raises(ValueError, match="sentence_pair must be one of"):
+    finalize(config)
 
 
 def test_sop_training_learns_the_order(tmp_path):

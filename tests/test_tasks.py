@@ -49,6 +49,19 @@ def test_mlm_at_masked_positions_equals_full_logits_loss_and_gradients(scan_laye
                grads, full_grads)
 
 
+def test_macro_f1_counts_a_predicted_class_that_gold_lacks():
+  """gold 0 0 1 1 / pred 0 2 1 1: class 2 (never gold) is predicted once: its F1 of 0
+  is averaged in (as scikit-learn's macro F1); F1 = 2/3, 1, 0."""
+  gold, pred = jnp.array([0, 0, 1, 1]), jnp.array([0, 2, 1, 1])
+  sums = {**tasks._weighted_ce(jax.nn.one_hot(pred, 3) * 5.0, gold, jnp.ones(4)),
+          **tasks._confusion(jax.nn.one_hot(pred, 3) * 5.0, gold, jnp.ones(4), 3)}
+  assert tasks.summarize(sums)["f1_macro"] == pytest.approx((2 / 3 + 1.0 + 0.0) / 3, rel=1e-6)
+  # A class neither in gold nor predicted is left out of the average.
+  sums = {**tasks._weighted_ce(jax.nn.one_hot(pred, 4) * 5.0, gold, jnp.ones(4)),
+          **tasks._confusion(jax.nn.one_hot(pred, 4) * 5.0, gold, jnp.ones(4), 4)}
+  assert tasks.summarize(sums)["f1_macro"] == pytest.approx((2 / 3 + 1.0 + 0.0) / 3, rel=1e-6)
+
+
 def test_macro_f1_and_accuracy_of_a_hand_built_confusion_matrix():
   """gold 0 0 0 0 1 1 1 2 2 2 / pred 0 0 1 2 1 1 0 2 2 1 (+ one weight-0 row):
   per class (tp, fp, fn) = (2, 1, 2), (2, 2, 1), (2, 1, 1); F1 = 4/7, 4/7, 4/6."""

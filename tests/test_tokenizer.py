@@ -79,3 +79,54 @@ def test_train_cli_writes_loadable_vocab(tmp_path):
     enc = tok.encode("the cat sat")
     assert enc["input_ids"][0] == tok.cls_id and tok.unk_id not in enc["input_ids"]
     assert tok.decode(enc["input_ids"]) == "the cat sat"
+
+
+# ------------------------------------------------------------------ byte-level BPE (RoBERTa)
+def roberta_style_tokenizer(tmp_path) -> tok_lib.Tokenizer:
+  """A byte-level BPE with RoBERTa's specials, trained here; vocab.json + merges.txt."""
+  import tokenizers
+  from tokenizers import models, pre_tokenizers, trainers
+  hf = tokenizers.Tokenizer(models.BPE())
+  hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  trainer = trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  hf.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20, trainer)
+  tmp_path.mkdir(parents=True, exist_ok=True)
+  hf.model.save(str(tmp_path))
+  return tok_lib.Tokenizer.from_file(tmp_path)
+
+
+def test_bpe_specials_are_found_by_role(tmp_path):
+  tok = roberta_style_tokenizer(tmp_path)
+  assert tok.kind == "byte_level_bpe"
+  assert (tok.cls_id, tok.pad_id, tok.sep_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 4)
+  assert tok.special_ids.tolist() == [0, 1, 2, 3, 4]
+  enc = tok.encode("the fox", "the dog", max_length=16, padding="max_length")
+  ids = enc["input_ids"].tolist()
+  assert ids[0] == 0 and ids.count(2) == 3  # <s> a </s></s> b </s>
+  assert ids[enc["attention_mask"].sum():] == [1] * (16 - enc["attention_mask"].sum())
+  assert not enc["token_type_ids"].any()
+
+
+def test_bpe_pre_split_words_encode_as_the_joined_text(tmp_path):
+  tok = roberta_style_tokenizer(tmp_path)
+  words = ["the", "quick", "brown", "fox"]
+  split = tok.encode(words, is_pretokenized=True)
+  joined = tok.encode(" ".join(words))
+  np.testing.assert_array_equal(split["input_ids"], joined["input_ids"])
+  first = [tok.hf.id_to_token(int(split["input_ids"][i])) for i in split["first_subword_index"]]
+  assert first == ["the", "Ġquick", "Ġbrown", "Ġfox"]  # a leading space after the first word
+  assert split["word_ids"].tolist() == [-1, 0, 1, 2, 3, -1]
+
+
+def test_bpe_save_writes_vocab_json_and_merges_and_reloads(tmp_path):
+  tok = roberta_style_tokenizer(tmp_path / "src")
+  out = tok.save(tmp_path / "out")
+  assert {p.name for p in pathlib.Path(out).iterdir()} == {"tokenizer.json", "vocab.json",
+                                                          "merges.txt"}
+  for source in (out, pathlib.Path(out) / "vocab.json"):
+    again = tok_lib.Tokenizer.from_file(source)
+    assert again.kind == "byte_level_bpe"
+    np.testing.assert_array_equal(again.encode("the lazy dog")["input_ids"],
+                                  tok.encode("the lazy dog")["input_ids"])

@@ -73,11 +73,3 @@ def _random_tokens(n: int, spec: MaskSpec, rng) -> np.ndarray:
   for s in specials:  # shift past each special id: a bijection onto non-special ids
     draw = draw + (draw >= s)
   return draw.astype(np.int32)
-
-
-def prediction_positions(weights_BxL: np.ndarray, max_predictions: int) -> np.ndarray:
-  """Per row, the positions with weight > 0 in order, then unchosen ones (weight 0) to
-  fill: [B, M] distinct int32 indices, M = min(max_predictions, L) (BERT's
-  masked_lm_positions; chosen tokens beyond M are left out)."""
-  order_BxL = np.argsort(np.asarray(weights_BxL) <= 0, axis=1, kind="stable")
-  return order_BxL[:, :max_predictions].astype(np.int32)

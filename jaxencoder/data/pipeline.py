@@ -12,7 +12,6 @@ Batch keys (dicts of numpy arrays; B batch, L length):
   positions       [B, L] int32   position within its own segment (restarts at 0)
   mlm_labels      [B, L] int32   original ids (MLM only)
   mlm_weights     [B, L] float32 1.0 where a token was chosen for prediction (MLM only)
-  mlm_positions   [B, M] int32   the chosen positions first (electra, mlm_nsp, mlm_sop)
   pair_labels     [B] int32      sentence pairs (data/pairs.py): 1 = swapped (SOP) or not next (NSP)
   labels          [B] int32 (sequence / image / series tasks) or [B, L] (token tasks)
   example_weights [B] float32   1.0 for real rows, 0.0 for fill rows (sequence / image / series)

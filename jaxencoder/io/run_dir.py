@@ -27,7 +27,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import ENCODER, in_scanned_stack
+from jaxencoder.encoder import ENCODER, Encoder, in_scanned_stack
+from jaxencoder.electra import Electra
 from jaxencoder.heads import EncoderForMaskedLM
 from jaxencoder.io.checkpoint import CONFIG, STATE, Checkpointer, restore_params_only
 from jaxencoder.io.paths import as_path
@@ -38,6 +39,7 @@ METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 MLM_HEAD = "mlm_head"
+DISCRIMINATOR_HEAD = "discriminator_head"  # jaxencoder.electra.Electra's
 Params = Any
 
 
@@ -167,15 +169,21 @@ class RunDir:
     return params
 
   def restore_params(self, step: int | None = None) -> tuple[EncoderConfig, Params]:
-    """(cfg, params): Encoder params, or {"encoder", "mlm_head"} when the MLM head was saved."""
+    """(cfg, params): Encoder params, or {"encoder", head} when a head its checkpoint family
+    can hold was saved: "mlm_head" (masked LM), or for family "electra"
+    "discriminator_head" (ElectraForPreTraining)."""
     step = self._step(step)
     cfg = self._model_config(step)
     encoder = self._restore_encoder(step, cfg, None, None)
-    if MLM_HEAD not in self._param_names(step):
+    names = self._param_names(step)
+    heads = (MLM_HEAD, DISCRIMINATOR_HEAD) if cfg.family == "electra" else (MLM_HEAD,)
+    head_key = next((k for k in heads if k in names), None)
+    if head_key is None or cfg.input_kind != "text":
       return cfg, encoder
-    head = restore_params_only(self.checkpoint_dir, abstract_params(cfg)[MLM_HEAD],
-                               subtree=("params", MLM_HEAD), step=step)
-    return cfg, {ENCODER: encoder, MLM_HEAD: head}
+    model = Electra(cfg) if head_key == DISCRIMINATOR_HEAD else None
+    head = restore_params_only(self.checkpoint_dir, abstract_params(cfg, model)[head_key],
+                               subtree=("params", head_key), step=step)
+    return cfg, {ENCODER: encoder, head_key: head}
 
   def tokenizer_path(self) -> epath.Path | str | None:
     """The run's tokenizer: files in the run directory, else the stored data.tokenizer."""
@@ -219,12 +227,26 @@ def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
   return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def abstract_params(cfg: EncoderConfig, model: nn.Module | None = None) -> Params:
-  """Unboxed ShapeDtypeStructs (on the first device) of a text model's params: restore
-  targets. Default model: EncoderForMaskedLM ({"encoder": ..., "mlm_head": ...})."""
-  model = EncoderForMaskedLM(cfg) if model is None else model
-  ids_BxL = jnp.zeros((1, 8), jnp.int32)
-  shapes = jax.eval_shape(model.init, jax.random.key(0), ids_BxL)["params"]
+def example_input(cfg: EncoderConfig) -> jax.Array:
+  """One zero input of cfg's kind: ids [1, 8], images [1, H, W, C] or series [1, 8, F]."""
+  if cfg.input_kind == "image":
+    return jnp.zeros((1, *cfg.image_size, cfg.num_channels), jnp.float32)
+  if cfg.input_kind == "series":
+    return jnp.zeros((1, 8, cfg.input_features), jnp.float32)
+  return jnp.zeros((1, 8), jnp.int32)
+
+
+def abstract_params(cfg: EncoderConfig, model: nn.Module | None = None,
+                    example: tuple | None = None) -> Params:
+  """Unboxed ShapeDtypeStructs (on the first device) of a model's params: restore targets.
+  Default model: EncoderForMaskedLM ({"encoder": ..., "mlm_head": ...}) for text, else
+  {"encoder": ...}; `example`: the model's init inputs (default: one input of cfg's kind)."""
+  example = (example_input(cfg),) if example is None else example
+  if model is None and cfg.input_kind != "text":
+    shapes = {ENCODER: jax.eval_shape(Encoder(cfg).init, jax.random.key(0), *example)["params"]}
+  else:
+    model = EncoderForMaskedLM(cfg) if model is None else model
+    shapes = jax.eval_shape(model.init, jax.random.key(0), *example)["params"]
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                       nn.meta.unbox(shapes))

@@ -1,10 +1,15 @@
 """Converts checkpoints: jaxencoder-convert --from SRC --to DST (or python -m jaxencoder.pretrained convert).
 
-SRC a Hugging Face BERT directory (config.json + model.safetensors): DST becomes a
-jaxencoder run directory that `train.py --config.init_from=DST` and
-`jaxencoder-probe --checkpoint DST` read (architecture included).
+SRC a Hugging Face directory (config.json + model.safetensors; model_type bert,
+roberta, distilbert or electra, or another family in hf_checkpoint.FAMILIES): DST
+becomes a jaxencoder run directory that `train.py --config.init_from=DST` and
+`jaxencoder-probe --checkpoint DST` read (architecture and family included).
 SRC a jaxencoder run directory (written by this command, or a train.py workdir, or
-its checkpoints/ folder; local or gs://): DST becomes a Hugging Face BERT directory.
+its checkpoints/ folder; local or gs://): DST becomes a Hugging Face directory of the
+run's family (model.family; "bert" unless the run began from another family).
+HF -> jaxencoder only, opt-in: `--max_len N` extends a learned text position table to N
+rows, `--image_size H,W` resamples a ViT's position grid (interpolated, untrained
+positions: a warning is logged; see hf_checkpoint.resize_on_load).
 """
 
 from __future__ import annotations
@@ -19,14 +24,19 @@ from jaxencoder import cli
 from jaxencoder.io import paths
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import hf_checkpoint
-from jaxencoder.tokenizer import Tokenizer
+from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
+
+
+FAMILY_NAMES = {"bert": "BERT", "roberta": "RoBERTa", "distilbert": "DistilBERT",
+                "electra": "ELECTRA", "modernbert": "ModernBERT", "vit": "ViT"}
 
 
 def is_hf_dir(path) -> bool:
   return (paths.as_path(path) / hf_checkpoint.CONFIG).exists()
 
 
-def convert(source, target, *, scan_layers: bool = False, overwrite: bool = False) -> str:
+def convert(source, target, *, scan_layers: bool = False, overwrite: bool = False,
+            max_len: int | None = None, image_size: tuple[int, int] | None = None) -> str:
   """Converts in the direction SRC's contents imply; returns a one-line summary.
 
   A non-empty TARGET is refused unless `overwrite`; the result is written to a
@@ -34,6 +44,10 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   old and new files (e.g. a stale 1_Pooling/) and a failed conversion leaves it untouched.
   """
   target = paths.as_path(target)
+  resize = {"max_len": max_len, "image_size": image_size}
+  if any(v is not None for v in resize.values()) and not is_hf_dir(source):
+    raise ValueError("--max_len / --image_size resize on the way in: SRC must be a Hugging "
+                     "Face directory")
   if target.exists() and any(target.iterdir()):
     if not overwrite:
       raise FileExistsError(f"{target} is not empty; choose a new --to or pass --overwrite")
@@ -43,7 +57,7 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=local_parent))
   try:
     with paths.local_copy(source) if is_hf_dir(source) else contextlib.nullcontext(source) as src:
-      summary = _convert_into(src, staging, scan_layers)
+      summary = _convert_into(src, staging, scan_layers, resize)
     if target.exists():
       target.rmtree()
     if paths.is_url(target):
@@ -55,18 +69,20 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   return summary.replace(str(staging), str(target))
 
 
-def _convert_into(source, target: pathlib.Path, scan_layers: bool) -> str:
+def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict) -> str:
   if is_hf_dir(source):
-    cfg, params, tokenizer = hf_checkpoint.load(source, scan_layers=scan_layers)
+    cfg, params, tokenizer = hf_checkpoint.load(source, scan_layers=scan_layers, **resize)
     run = RunDir(target).write_encoder(cfg, params, tokenizer)
     return (f"wrote jaxencoder checkpoint {run.checkpoint_dir}; fine-tune with "
             f"--config.init_from={target} (its architecture and tokenizer come along)")
   run = RunDir.open(source)
   cfg, params = run.restore_params()
-  tokenizer_path = run.tokenizer_path()
+  # A text run without its own tokenizer trained with the default (MiniLM's vocab).
+  tokenizer_path = run.tokenizer_path() or (
+      default_tokenizer_path() if cfg.input_kind == "text" else None)
   tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
   hf_checkpoint.save(target, cfg, params, tokenizer)
-  return f"wrote Hugging Face BERT directory {target}"
+  return f"wrote Hugging Face {FAMILY_NAMES.get(cfg.family, cfg.family)} directory {target}"
 
 
 def main(argv=None) -> None:
@@ -77,13 +93,29 @@ def main(argv=None) -> None:
   parser.add_argument("--scan_layers", action="store_true",
                       help="HF -> jaxencoder: store the scanned layout (init_from converts "
                            "either layout on load)")
+  parser.add_argument("--max_len", type=int,
+                      help="HF -> jaxencoder: extend the learned text position table to N rows")
+  parser.add_argument("--image_size", type=image_size,
+                      help="HF -> jaxencoder: H,W (or S): resample a ViT's position grid")
   parser.add_argument("command", nargs="?", choices=["convert"],
                       help="optional, for `python -m jaxencoder.pretrained convert ...`")
   parser.add_argument("--overwrite", action="store_true",
                       help="replace a non-empty --to directory (all of it)")
   args = parser.parse_args(argv)
   print(cli.run_main(lambda: convert(args.source, args.target, scan_layers=args.scan_layers,
-                                     overwrite=args.overwrite)))
+                                     overwrite=args.overwrite, max_len=args.max_len,
+                                     image_size=args.image_size)))
+
+
+def image_size(text: str) -> tuple[int, int]:
+  """"H,W" or "S" (square) -> (H, W); an argparse type."""
+  try:
+    sizes = tuple(int(v) for v in text.replace("x", ",").split(","))
+  except ValueError:
+    sizes = ()
+  if len(sizes) not in (1, 2) or min(sizes) <= 0:
+    raise argparse.ArgumentTypeError(f"{text!r}: expected H,W (e.g. 224,224) or one size")
+  return (sizes * 2)[:2]
 
 
 if __name__ == "__main__":

@@ -3,14 +3,15 @@
 Facts only, no I/O: `encoder_config` reads a BertConfig dict, `hf_config` writes
 one, and `slots` lists every tensor of a checkpoint with its HF name and shape,
 our param path and shape, and whether it is a torch Linear weight ([out, in],
-transposed in our [in, ..., out] kernels).
+transposed in our [in, ..., out] kernels). `Layout` bundles these per family;
+`LAYOUT` is BERT's, and roberta_names / distilbert_names / electra_names give theirs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -25,8 +26,6 @@ OUR_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "re
 BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 PREFIX = "bert."  # BertForMaskedLM / BertForPreTraining wrap the encoder under it
 MLM_PREFIX = "cls.predictions."
-TIED_DECODER = {"cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
-                "cls.predictions.decoder.bias": "cls.predictions.bias"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +45,35 @@ class Slot:
     if self.linear:  # ours is [in..., out...]: flatten to [in, out], then [out, in]
       return np.ascontiguousarray(param.reshape(self.hf_shape[::-1]).T)
     return param.reshape(self.hf_shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+  """A task head a checkpoint may hold next to the encoder."""
+  key: str  # our params key: "mlm_head", "discriminator_head"
+  marker: str  # an HF name prefix only this head has, e.g. "cls.predictions."
+  architecture: str  # the HF class of encoder + this head, written to config.json
+  slots: Callable[[EncoderConfig], list[Slot]]  # full HF names
+  tied: Callable[[str], dict[str, str]]  # encoder prefix -> {HF name: the tensor it equals}
+  activation: str | None = None  # the head's fixed activation, if not the encoder's
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """One Hugging Face family: its config.json reader / writer and tensor names."""
+  family: str  # config.json's model_type
+  architecture: str  # the encoder-only class, e.g. "BertModel"
+  prefix: str  # the encoder's name prefix when a head is present, e.g. "bert."
+  encoder_config: Callable[..., EncoderConfig]  # (config.json dict, **overrides)
+  hf_config: Callable[[EncoderConfig], dict[str, Any]]  # without "architectures"
+  encoder_slots: Callable[..., list[Slot]]  # (cfg, *, pooler, prefix)
+  heads: tuple[Head, ...]
+  buffers: tuple[str, ...] = BUFFERS  # non-parameter tensors skipped on load
+  pooler: bool = True  # whether the family has BERT's pooler (dense + tanh)
+  unsaved: tuple[str, ...] = ()  # our params keys `save` leaves out
+
+  def head(self, key: str) -> Head:
+    return next(h for h in self.heads if h.key == key)
 
 
 # ------------------------------------------------------------------ config.json
@@ -75,11 +103,10 @@ def encoder_config(hf: Mapping[str, Any], **overrides: Any) -> EncoderConfig:
   return EncoderConfig.from_dict(fields)
 
 
-def hf_config(cfg: EncoderConfig, *, masked_lm: bool) -> dict[str, Any]:
+def hf_config(cfg: EncoderConfig) -> dict[str, Any]:
   """BertConfig fields (config.json) of an EncoderConfig; raises if BERT cannot express it."""
   check_bert_compatible(cfg)
   return {
-      "architectures": ["BertForMaskedLM" if masked_lm else "BertModel"],
       "model_type": "bert", "vocab_size": cfg.vocab_size, "hidden_size": cfg.emb_dim,
       "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
       "intermediate_size": cfg.resolved_mlp_dim,
@@ -92,44 +119,59 @@ def hf_config(cfg: EncoderConfig, *, masked_lm: bool) -> dict[str, Any]:
   }
 
 
-def check_bert_compatible(cfg: EncoderConfig) -> None:
-  """Raises ValueError listing every field a BERT checkpoint cannot represent."""
+def check_bert_compatible(cfg: EncoderConfig, family: str = "BERT",
+                          **family_wants: Any) -> None:
+  """Raises ValueError listing every field a BERT-like checkpoint cannot represent.
+
+  `family_wants`: fields the family pins beyond BERT's, e.g. type_vocab_size=0.
+  """
   wanted = {"input_kind": "text", "position_embedding": "learned", "norm": "layernorm",
             "norm_position": "post", "embedding_norm": True, "scale_embeddings": False,
-            "use_bias": True, "causal": False, "sliding_window": None}
-  bad = [f"{k}={getattr(cfg, k)!r} (BERT: {v!r})" for k, v in wanted.items()
+            "use_bias": True, "causal": False, "sliding_window": None,
+            "position_offset": 0, "embedding_dim": None, **family_wants}
+  bad = [f"{k}={getattr(cfg, k)!r} ({family}: {v!r})" for k, v in wanted.items()
          if getattr(cfg, k) != v]
   if cfg.activation not in OUR_ACTIVATIONS:
-    bad.append(f"activation={cfg.activation!r} (BERT: one of {sorted(OUR_ACTIVATIONS)})")
+    bad.append(f"activation={cfg.activation!r} ({family}: one of {sorted(OUR_ACTIVATIONS)})")
   if cfg.resolved_head_dim * cfg.num_heads != cfg.emb_dim:
-    bad.append(f"head_dim={cfg.resolved_head_dim} (BERT: emb_dim / num_heads)")
-  if cfg.type_vocab_size < 1:
-    bad.append("type_vocab_size=0 (BERT: >= 1)")
+    bad.append(f"head_dim={cfg.resolved_head_dim} ({family}: emb_dim / num_heads)")
+  if cfg.type_vocab_size < 1 and "type_vocab_size" not in family_wants:
+    bad.append(f"type_vocab_size=0 ({family}: >= 1)")
   if cfg.pooling == "attention":
-    bad.append("pooling='attention' (BERT: cls, or mean/max via 1_Pooling)")
+    bad.append(f"pooling='attention' ({family}: cls, or mean/max via 1_Pooling)")
   if bad:
-    raise ValueError("this EncoderConfig has no BERT equivalent: " + "; ".join(bad))
+    raise ValueError(f"this EncoderConfig has no {family} equivalent: " + "; ".join(bad))
 
 
 # ------------------------------------------------------------------ tensors
 def encoder_slots(cfg: EncoderConfig, *, pooler: bool, prefix: str = "") -> list[Slot]:
-  """Slots of BertModel, names after `prefix` ("bert." in BertForMaskedLM), looped layout."""
+  """Slots of BertModel, names after `prefix` ("bert." in BertForMaskedLM), looped layout.
+
+  Also RobertaModel's and ElectraModel's (E-wide tables + `embeddings_project` when
+  cfg.embedding_dim is set).
+  """
   d, f = cfg.emb_dim, cfg.resolved_mlp_dim
   h, k = cfg.num_heads, cfg.resolved_head_dim
-  slots = [
-      Slot("embeddings.word_embeddings.weight", (cfg.vocab_size, d),
-           (EMBEDDINGS, "token_embed", "embedding"), (cfg.vocab_size, d)),
-      Slot("embeddings.position_embeddings.weight", (cfg.max_len, d),
-           (EMBEDDINGS, "position_embed", "embedding"), (cfg.max_len, d)),
-      Slot("embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, d),
-           (EMBEDDINGS, "type_embed", "embedding"), (cfg.type_vocab_size, d)),
-      *norm_slots("embeddings.LayerNorm", (EMBEDDINGS, "norm"), d),
-  ]
+  slots = embedding_slots(cfg, "embeddings.LayerNorm")
+  if cfg.embedding_dim is not None:
+    slots += dense_slots("embeddings_project", (EMBEDDINGS, "project"), (cfg.embedding_dim,), (d,))
   for i in range(cfg.num_layers):
     slots += layer_slots(f"encoder.layer.{i}", layer_name(i), d, h, k, f)
   if pooler:
     slots += dense_slots("pooler.dense", ("pooler", "dense"), (d,), (d,))
   return [dataclasses.replace(s, hf_name=prefix + s.hf_name) for s in slots]
+
+
+def embedding_slots(cfg: EncoderConfig, norm_name: str) -> list[Slot]:
+  """Token, position (and type) tables and their norm, E = embedding_dim or emb_dim wide."""
+  e = cfg.embedding_dim or cfg.emb_dim
+  tables = [("word_embeddings", "token_embed", cfg.vocab_size),
+            ("position_embeddings", "position_embed", cfg.max_len)]
+  if cfg.type_vocab_size:
+    tables.append(("token_type_embeddings", "type_embed", cfg.type_vocab_size))
+  slots = [Slot(f"embeddings.{hf}.weight", (rows, e), (EMBEDDINGS, ours, "embedding"), (rows, e))
+           for hf, ours, rows in tables]
+  return slots + norm_slots(norm_name, (EMBEDDINGS, "norm"), e)
 
 
 def layer_slots(hf: str, ours: str, d: int, h: int, k: int, f: int) -> list[Slot]:
@@ -147,10 +189,20 @@ def layer_slots(hf: str, ours: str, d: int, h: int, k: int, f: int) -> list[Slot
 
 def mlm_head_slots(cfg: EncoderConfig) -> list[Slot]:
   """BertForMaskedLM's head (full names); its decoder is tied to the word embeddings."""
-  d = cfg.emb_dim
-  return [*dense_slots("cls.predictions.transform.dense", ("transform",), (d,), (d,)),
-          *norm_slots("cls.predictions.transform.LayerNorm", ("norm",), d),
-          Slot("cls.predictions.bias", (cfg.vocab_size,), ("bias",), (cfg.vocab_size,))]
+  return mlm_slots(cfg, "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                   "cls.predictions.bias")
+
+
+def mlm_slots(cfg: EncoderConfig, dense: str, norm: str, bias: str) -> list[Slot]:
+  """Our MlmHead (transform D -> E, norm, bias [V]) under a family's names."""
+  d, e = cfg.emb_dim, cfg.embedding_dim or cfg.emb_dim
+  return [*dense_slots(dense, ("transform",), (d,), (e,)), *norm_slots(norm, ("norm",), e),
+          Slot(bias, (cfg.vocab_size,), ("bias",), (cfg.vocab_size,))]
+
+
+def bert_tied(prefix: str) -> dict[str, str]:
+  return {"cls.predictions.decoder.weight": prefix + "embeddings.word_embeddings.weight",
+          "cls.predictions.decoder.bias": "cls.predictions.bias"}
 
 
 def dense_slots(hf: str, path: tuple[str, ...], in_shape: tuple[int, ...],
@@ -164,3 +216,9 @@ def dense_slots(hf: str, path: tuple[str, ...], in_shape: tuple[int, ...],
 def norm_slots(hf: str, path: tuple[str, ...], d: int) -> list[Slot]:
   return [Slot(f"{hf}.weight", (d,), (*path, "scale"), (d,)),
           Slot(f"{hf}.bias", (d,), (*path, "bias"), (d,))]
+
+
+LAYOUT = Layout(
+    family="bert", architecture="BertModel", prefix=PREFIX, encoder_config=encoder_config,
+    hf_config=hf_config, encoder_slots=encoder_slots,
+    heads=(Head("mlm_head", MLM_PREFIX, "BertForMaskedLM", mlm_head_slots, bert_tied),))

@@ -1,4 +1,9 @@
-"""Reading and writing Hugging Face BERT directories (config.json + model.safetensors).
+"""Reading and writing Hugging Face encoder directories (config.json + model.safetensors).
+
+`load` picks the family from config.json's `model_type`, `save` from cfg.family
+(FAMILIES). bert, roberta, distilbert and electra are tables of names
+(`bert_names.Layout`) read and written here; other families' modules bring their own
+`load(path, *, scan_layers, dtype, pooling)` and `save(path, cfg, params, tokenizer)`.
 
 Weights are read with `safetensors.numpy`; nothing is ever unpickled. A directory
 with only `pytorch_model.bin` is read through `torch.load(weights_only=True)` when
@@ -7,8 +12,11 @@ torch is installed, else rejected with a conversion hint.
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import pathlib
+from types import ModuleType
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -20,8 +28,10 @@ from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import ENCODER
 from jaxencoder.layout import loop_to_scan, scan_to_loop
 from jaxencoder.pretrained import bert_names as names
+from jaxencoder.pretrained.resize import resize_positions
 from jaxencoder.tokenizer import Tokenizer
 
+log = logging.getLogger(__name__)
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -29,27 +39,95 @@ TORCH_WEIGHTS = "pytorch_model.bin"
 POOLING = pathlib.Path("1_Pooling") / "config.json"  # sentence-transformers' pooling
 POOLING_MODES = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
                  "max": "pooling_mode_max_tokens"}
+# model_type -> the module that reads and writes it (imported when first used). Its
+# `LAYOUT` (a names table), or else its own `load` and `save`.
+FAMILIES = {
+    "bert": "jaxencoder.pretrained.bert_names",
+    "roberta": "jaxencoder.pretrained.roberta_names",
+    "distilbert": "jaxencoder.pretrained.distilbert_names",
+    "electra": "jaxencoder.pretrained.electra_names",
+    "modernbert": "jaxencoder.pretrained.modernbert",
+    "vit": "jaxencoder.pretrained.vit",
+}
 Params = dict[str, Any]
 
 
-def load(path, *, scan_layers: bool = False, dtype: str = "float32",
-         pooling: str | None = None) -> tuple[EncoderConfig, Params, Tokenizer | None]:
-  """(EncoderConfig, params, tokenizer) of a BertModel / BertForMaskedLM directory.
+def family_module(family: str, where: str = "config.json") -> ModuleType:
+  """The module of a family (a model_type); one ValueError naming the supported ones."""
+  if family not in FAMILIES:
+    raise ValueError(f"{where}: model_type={family!r} is not supported; supported: "
+                     f"{sorted(FAMILIES)}")
+  return importlib.import_module(FAMILIES[family])
 
-  params are `Encoder` params, or `{"encoder", "mlm_head"}` (EncoderForMaskedLM)
-  when the file holds `cls.predictions.*`; `encoder_params` picks the encoder
-  either way. Params and compute use `dtype`. `pooling` defaults to
-  sentence-transformers' `1_Pooling/config.json`, else "cls"; BERT's pooler
-  (dense + tanh) is kept only with "cls". tokenizer is None without vocab files.
+
+def load(path, *, scan_layers: bool = False, dtype: str = "float32",
+         pooling: str | None = None, max_len: int | None = None,
+         image_size: tuple[int, int] | None = None
+         ) -> tuple[EncoderConfig, Params, Tokenizer | None]:
+  """(EncoderConfig, params, tokenizer) of a Hugging Face encoder directory.
+
+  params are `Encoder` params, or `{"encoder", head}` when the file holds a head
+  (BertForMaskedLM & co: "mlm_head"; ElectraForPreTraining: "discriminator_head");
+  `encoder_params` picks the encoder either way. Params and compute use `dtype`.
+  `pooling` defaults to sentence-transformers' `1_Pooling/config.json`, else "cls";
+  BERT's pooler (dense + tanh) is kept only with "cls". tokenizer is None without
+  tokenizer files. Opt-in, with a warning (see `resize_on_load`): `max_len` (text) extends
+  the position table to that many rows, `image_size` (ViT) resamples the position grid.
   """
   path = pathlib.Path(path)
   hf = read_json(path / CONFIG)
+  module = family_module(hf.get("model_type", "bert"), str(path / CONFIG))
+  if hasattr(module, "LAYOUT"):
+    cfg, params, tokenizer = _load_layout(path, hf, module.LAYOUT, scan_layers=scan_layers,
+                                          dtype=dtype, pooling=pooling)
+  else:
+    cfg, params, tokenizer = module.load(path, scan_layers=scan_layers, dtype=dtype,
+                                         pooling=pooling)
+  cfg, params = resize_on_load(cfg, params, max_len=max_len, image_size=image_size)
+  return cfg, params, tokenizer
+
+
+def resize_on_load(cfg: EncoderConfig, params: Params, *, max_len: int | None = None,
+                   image_size: tuple[int, int] | None = None) -> tuple[EncoderConfig, Params]:
+  """(cfg, params) serving `max_len` positions or `image_size` images; unchanged when they
+  already do (or both are None).
+
+  A learned text table shorter than `max_len` rows (EncoderConfig.max_len; RoBERTa's count
+  its offset rows) is extended by interpolation (`resize.resize_positions`, logs a
+  warning); a longer one is kept (never shrunk). Without a table (rope, sinusoidal) there
+  is nothing to resize: only cfg.max_len is raised, with a warning that positions past the
+  trained length are extrapolated (for rope see rope_scaling). An `image_size` other than
+  cfg's resamples a ViT grid; `image_size` on a text encoder, or `max_len` on an image
+  one, is a ValueError.
+  """
+  if image_size is not None and (cfg.input_kind != "image"
+                                 or tuple(image_size) != tuple(cfg.image_size)):
+    cfg, params = resize_positions(cfg, params, image_size=tuple(image_size))
+  if max_len is None:
+    return cfg, params
+  if cfg.input_kind != "text":
+    raise ValueError(f"max_len={max_len} sets the text length; this encoder has "
+                     f"input_kind={cfg.input_kind!r} (images: image_size)")
+  if max_len <= cfg.max_len:
+    return cfg, params
+  if cfg.position_embedding == "learned":
+    return resize_positions(cfg, params, max_len=max_len)
+  log.warning("max_len %d -> %d: %s positions have no table to resize; positions past %d "
+              "were never trained (for rope see rope_scaling)", cfg.max_len, max_len,
+              cfg.position_embedding, cfg.max_len)
+  return cfg.replace(max_len=max_len), params
+
+
+def _load_layout(path: pathlib.Path, hf: Mapping[str, Any], layout: names.Layout, *,
+                 scan_layers: bool, dtype: str, pooling: str | None
+                 ) -> tuple[EncoderConfig, Params, Tokenizer | None]:
+  """A family read through its names table (bert, roberta, distilbert, electra)."""
   tensors = read_tensors(path)
   pooling = pooling or sentence_pooling(path) or "cls"
-  prefix = names.PREFIX if any(n.startswith(names.PREFIX) for n in tensors) else ""
-  has_pooler = f"{prefix}pooler.dense.weight" in tensors
-  cfg = names.encoder_config(hf, pooling=pooling, pooler_dense=has_pooler and pooling == "cls",
-                             scan_layers=scan_layers, dtype=dtype, param_dtype=dtype)
+  prefix = layout.prefix if any(n.startswith(layout.prefix) for n in tensors) else ""
+  has_pooler = layout.pooler and f"{prefix}pooler.dense.weight" in tensors
+  cfg = layout.encoder_config(hf, pooling=pooling, pooler_dense=has_pooler and pooling == "cls",
+                              scan_layers=scan_layers, dtype=dtype, param_dtype=dtype)
   try:
     params = params_from_tensors(cfg, tensors, prefix=prefix)
   except ValueError as e:
@@ -57,37 +135,55 @@ def load(path, *, scan_layers: bool = False, dtype: str = "float32",
   return cfg, params, read_tokenizer(path)
 
 
+def layout_of(cfg: EncoderConfig) -> names.Layout:
+  module = family_module(cfg.family, "EncoderConfig.family")
+  if not hasattr(module, "LAYOUT"):
+    raise ValueError(f"family={cfg.family!r} has no names table; use its module's load / save")
+  return module.LAYOUT
+
+
 def params_from_tensors(cfg: EncoderConfig, tensors: Mapping[str, np.ndarray], *,
                         prefix: str = "") -> Params:
-  """Our params (layout per cfg.scan_layers) from HF-named arrays; ValueError names misfits."""
-  encoder_slots = names.encoder_slots(cfg, pooler=cfg.pooler_dense, prefix=prefix)
-  has_head = any(n.startswith(names.MLM_PREFIX) for n in tensors)
-  head_slots = names.mlm_head_slots(cfg) if has_head else []
-  skipped = [prefix + b for b in names.BUFFERS]
+  """Our params (layout per cfg.scan_layers) from HF-named arrays of cfg.family;
+  ValueError names misfits."""
+  layout = layout_of(cfg)
+  encoder_slots = layout.encoder_slots(cfg, pooler=cfg.pooler_dense, prefix=prefix)
+  heads = [h for h in layout.heads if any(n.startswith(h.marker) for n in tensors)]
+  if len(heads) > 1:
+    raise ValueError(f"holds {len(heads)} heads {[h.marker for h in heads]}; jaxencoder reads one")
+  head = heads[0] if heads else None
+  if head is not None and head.activation not in (None, cfg.activation):
+    raise ValueError(f"its head applies {head.activation}, but jaxencoder's head uses the "
+                     f"encoder's activation {cfg.activation!r}")
+  head_slots = head.slots(cfg) if head else []
+  skipped = [prefix + b for b in layout.buffers]
   if not cfg.pooler_dense:  # BERT's pooler is unused by mean/max pooling
     skipped += [f"{prefix}pooler.dense.weight", f"{prefix}pooler.dense.bias"]
-  check_tensors(tensors, encoder_slots + head_slots, skipped, tied=has_head, prefix=prefix)
+  check_tensors(tensors, encoder_slots + head_slots, skipped,
+                head.tied(prefix) if head else {})
   dtype = jnp.dtype(cfg.param_dtype)
   encoder = nest((s.path, jnp.asarray(s.to_ours(tensors[s.hf_name]), dtype)) for s in encoder_slots)
   if cfg.scan_layers:
     encoder = loop_to_scan(encoder)
-  if not has_head:
+  if head is None:
     return encoder
-  head = nest((s.path, jnp.asarray(s.to_ours(tensors[s.hf_name]), dtype)) for s in head_slots)
-  return {ENCODER: encoder, "mlm_head": head}
+  head_params = nest((s.path, jnp.asarray(s.to_ours(tensors[s.hf_name]), dtype))
+                     for s in head_slots)
+  return {ENCODER: encoder, head.key: head_params}
 
 
 def check_tensors(tensors: Mapping[str, np.ndarray], slots: list[names.Slot],
-                  skipped: list[str], *, tied: bool, prefix: str) -> None:
-  """Raises one ValueError naming every missing, unexpected or wrong-shape tensor."""
+                  skipped: list[str], tied: Mapping[str, str]) -> None:
+  """Raises one ValueError naming every missing, unexpected or wrong-shape tensor.
+
+  `tied`: {name: twin} pairs that may be stored twice (then they must be equal).
+  """
   expected = {s.hf_name: s.hf_shape for s in slots}
-  tied_names = names.TIED_DECODER if tied else {}
   missing = sorted(set(expected) - set(tensors))
-  unexpected = sorted(set(tensors) - set(expected) - set(skipped) - set(tied_names))
+  unexpected = sorted(set(tensors) - set(expected) - set(skipped) - set(tied))
   wrong = [f"{n}: file {tuple(tensors[n].shape)}, config.json implies {shape}"
            for n, shape in expected.items() if n in tensors and tuple(tensors[n].shape) != shape]
-  for name, twin in tied_names.items():
-    twin = twin if twin.startswith("cls.") else prefix + twin
+  for name, twin in tied.items():
     if name in tensors and twin in tensors and not np.array_equal(tensors[name], tensors[twin]):
       wrong.append(f"{name}: differs from {twin}; jaxencoder ties the MLM decoder")
   problems = [f"{label}: {items}" for label, items in
@@ -104,16 +200,22 @@ def encoder_params(params: Params) -> Params:
 # ------------------------------------------------------------------ save
 def save(path, cfg: EncoderConfig, params: Params, tokenizer: Tokenizer | None = None
          ) -> pathlib.Path:
-  """Writes config.json + model.safetensors (float32) (+ 1_Pooling, tokenizer files).
+  """Writes config.json + model.safetensors (float32) (+ 1_Pooling, tokenizer files)
+  in cfg.family's layout.
 
-  `params`: Encoder params (saved as a BertModel) or {"encoder", "mlm_head"}
-  (saved as a BertForMaskedLM); looped or scanned, boxed or not.
-  `transformers.BertModel.from_pretrained(path)` reads the result.
+  `params`: Encoder params (saved as e.g. BertModel) or {"encoder", head} (saved as
+  e.g. BertForMaskedLM, ElectraForPreTraining); looped or scanned, boxed or not.
+  transformers' `from_pretrained(path)` reads the result.
   """
   path = pathlib.Path(path)
-  tensors, masked_lm = tensors_from_params(cfg, params)
+  module = family_module(cfg.family, "EncoderConfig.family")
+  if not hasattr(module, "LAYOUT"):
+    return module.save(path, cfg, params, tokenizer)
+  tensors, head = tensors_from_params(cfg, params)
+  layout = module.LAYOUT
   path.mkdir(parents=True, exist_ok=True)
-  write_json(path / CONFIG, names.hf_config(cfg, masked_lm=masked_lm))
+  architecture = layout.head(head).architecture if head else layout.architecture
+  write_json(path / CONFIG, {"architectures": [architecture], **layout.hf_config(cfg)})
   save_file(tensors, str(path / WEIGHTS), metadata={"format": "pt"})
   if cfg.pooling != "cls":
     modes = {field: cfg.pooling == mode for mode, field in POOLING_MODES.items()}
@@ -123,26 +225,32 @@ def save(path, cfg: EncoderConfig, params: Params, tokenizer: Tokenizer | None =
   return path
 
 
-def tensors_from_params(cfg: EncoderConfig, params: Params) -> tuple[dict[str, np.ndarray], bool]:
-  """HF-named float32 arrays of our params, and whether they include the MLM head."""
-  names.check_bert_compatible(cfg)
+def tensors_from_params(cfg: EncoderConfig, params: Params
+                        ) -> tuple[dict[str, np.ndarray], str | None]:
+  """HF-named float32 arrays of our params (cfg.family), and the head's key, if any."""
+  layout = layout_of(cfg)
+  layout.hf_config(cfg)  # raises if the family cannot express cfg
   params = scan_to_loop(nn.meta.unbox(params))
-  masked_lm = "mlm_head" in params
+  params = {k: v for k, v in params.items() if k not in layout.unsaved}
+  head_keys = [h.key for h in layout.heads if h.key in params]
+  if len(head_keys) > 1:
+    raise ValueError(f"params hold heads {head_keys}; a {layout.architecture} directory holds one")
+  head = layout.head(head_keys[0]) if head_keys else None
   encoder = encoder_params(params)
-  slots = names.encoder_slots(cfg, pooler="pooler" in encoder,
-                              prefix=names.PREFIX if masked_lm else "")
-  head_slots = names.mlm_head_slots(cfg) if masked_lm else []
-  pairs = [(s, encoder) for s in slots] + [(s, params.get("mlm_head")) for s in head_slots]
+  slots = layout.encoder_slots(cfg, pooler="pooler" in encoder,
+                               prefix=layout.prefix if head else "")
+  head_slots = head.slots(cfg) if head else []
+  pairs = [(s, encoder) for s in slots] + [(s, params.get(head.key)) for s in head_slots]
   wanted = {s.path for s in slots}
-  if masked_lm:
-    wanted = {(ENCODER,) + p for p in wanted} | {("mlm_head",) + s.path for s in head_slots}
+  if head:
+    wanted = {(ENCODER,) + p for p in wanted} | {(head.key,) + s.path for s in head_slots}
   present = set(flatten(params))
-  for label, paths in (("params with no BERT name", present - wanted),
+  for label, paths in ((f"params with no {layout.family} name", present - wanted),
                        ("params missing", wanted - present)):
     if paths:
       raise ValueError(f"{label}: {sorted('/'.join(p) for p in paths)}")
   tensors = {s.hf_name: s.to_hf(np.asarray(get(tree, s.path), np.float32)) for s, tree in pairs}
-  return tensors, masked_lm
+  return tensors, head and head.key
 
 
 # ------------------------------------------------------------------ files
@@ -200,7 +308,7 @@ def sentence_pooling(path: pathlib.Path) -> str | None:
 
 
 def read_tokenizer(path: pathlib.Path) -> Tokenizer | None:
-  if (path / "tokenizer.json").is_file() or (path / "vocab.txt").is_file():
+  if any((path / name).is_file() for name in ("tokenizer.json", "vocab.txt", "vocab.json")):
     return Tokenizer.from_file(path)
   return None
 

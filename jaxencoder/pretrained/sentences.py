@@ -28,8 +28,8 @@ def embed(texts: Sequence[str], model_dir, *, batch_size: int = 32, max_length: 
   model compiles at most once per bucket.
   """
   cfg, params, tokenizer = _load_for_embedding(str(pathlib.Path(model_dir).resolve()))
-  if max_length > cfg.max_len:
-    raise ValueError(f"max_length={max_length} exceeds the model's {cfg.max_len} positions")
+  if max_length > cfg.max_positions:
+    raise ValueError(f"max_length={max_length} exceeds the model's {cfg.max_positions} positions")
   order = np.argsort([-len(t) for t in texts], kind="stable")  # longest first
   embeddings_NxD = np.zeros((len(texts), cfg.emb_dim), np.float32)
   buckets = length_buckets(max_length)

@@ -2,12 +2,21 @@
 
   jaxencoder-probe --pretrained HF_DIR --data tagged.txt --out probe_out
   jaxencoder-probe --checkpoint WORKDIR --data sentences.csv --out probe_out
+  jaxencoder-probe --pretrained VIT_DIR --data images.npz --out probe_out   # images
   (the same: python -m jaxencoder.probing ...)
 
 `--checkpoint` is a run directory: a train.py workdir (its config, latest encoder
 params and metrics.jsonl for the training-health report) or a converted checkpoint;
-`--pretrained` a Hugging Face BERT directory. Paths may be gs:// URLs. Data: `word/TAG` lines or `.conllu` (word-level probe), `.csv`/`.tsv`
-`text,label` rows (sentence-level probe).
+`--pretrained` a Hugging Face directory (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT,
+ViT: see jaxencoder.pretrained). Paths may be gs:// URLs. Text data: `word/TAG` lines or
+`.conllu` (word-level probe), `.csv`/`.tsv` `text,label` rows (sentence-level probe).
+Image data (image encoders): a prepared image_arrays dataset directory (`python -m
+jaxencoder.data`; `--split`) or a `.npz` with `images` [N, H, W(, C)] on the 0..255
+scale and `labels` [N] (+ `label_names`); one [CLS] (or `--pool mean` patch-mean)
+vector per image and layer, normalised as train.py does for --checkpoint runs, as the
+directory's preprocessor_config.json (else ViTImageProcessor's defaults) for
+--pretrained. Images of another size are refused: `--image-size H,W` loads the model
+with its position grid resampled; `--max-len N` extends a text position table.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import pathlib
 import tempfile
 
 import numpy as np
@@ -23,28 +33,35 @@ from jaxencoder import cli
 from jaxencoder.data import readers
 from jaxencoder.io import paths
 from jaxencoder.io.run_dir import RunDir
-from jaxencoder.probing import features, probes, representation, study
+from jaxencoder.probing import features, images, probes, representation, study
 from jaxencoder.probing.health import HealthThresholds
+from jaxencoder.pretrained.__main__ import image_size
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
 
 
-def load_checkpoint(workdir, tokenizer_path: str | None = None):
+def load_checkpoint(workdir, tokenizer_path: str | None = None, **resize):
   """(cfg, params, tokenizer) of a run directory's latest checkpoint (a train.py workdir
-  or a converted checkpoint; local or gs://)."""
+  or a converted checkpoint; local or gs://); tokenizer None for image encoders.
+  `resize`: max_len / image_size, as `pretrained.load`."""
+  from jaxencoder.pretrained.hf_checkpoint import resize_on_load
   run = RunDir.open(workdir)
-  cfg = run.model_config()
-  params = run.restore_encoder()
+  cfg, params = resize_on_load(run.model_config(), run.restore_encoder(), **resize)
+  if cfg.input_kind == "image":
+    return cfg, params, None
   vocab = tokenizer_path or run.tokenizer_path() or default_tokenizer_path()
   if not vocab:
     raise FileNotFoundError("no tokenizer: pass --tokenizer (vocab.txt / tokenizer.json)")
   return cfg, params, Tokenizer.from_file(vocab)
 
 
-def load_pretrained(hf_dir, tokenizer_path: str | None = None):
-  """(cfg, params, tokenizer) of a Hugging Face BERT dir (via jaxencoder.pretrained)."""
+def load_pretrained(hf_dir, tokenizer_path: str | None = None, **resize):
+  """(cfg, params, tokenizer) of a Hugging Face encoder dir (via jaxencoder.pretrained);
+  tokenizer None for image encoders. `resize`: max_len / image_size, as `pretrained.load`."""
   from jaxencoder import pretrained  # imported lazily: an optional, separate module
-  cfg, params, tokenizer = pretrained.load(hf_dir)
+  cfg, params, tokenizer = pretrained.load(hf_dir, **resize)
   params = params["encoder"] if "encoder" in params else params
+  if cfg.input_kind == "image":
+    return cfg, params, None
   if tokenizer_path or tokenizer is None:
     tokenizer = Tokenizer.from_file(tokenizer_path or hf_dir)
   return cfg, params, tokenizer
@@ -55,17 +72,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   source = p.add_mutually_exclusive_group(required=True)
   source.add_argument("--checkpoint", help="a train.py workdir (or its checkpoints/ dir)")
-  source.add_argument("--pretrained", help="a Hugging Face BERT directory")
-  p.add_argument("--data", required=True, help="word/TAG, .conllu, or .csv/.tsv file")
+  source.add_argument("--pretrained", help="a Hugging Face encoder directory")
+  p.add_argument("--data", required=True,
+                 help="word/TAG, .conllu, or .csv/.tsv file; images: dataset dir or .npz")
   p.add_argument("--out", required=True, help="output directory")
   p.add_argument("--tokenizer", help="override the tokenizer (vocab.txt / tokenizer.json)")
-  p.add_argument("--pool", help="word: first|mean; sentence: cls|mean")
-  p.add_argument("--max-sentences", type=int)
+  p.add_argument("--pool", help="word: first|mean; sentence, image: cls|mean")
+  p.add_argument("--max-sentences", type=int, help="use at most this many sentences / images")
+  p.add_argument("--split", default="train", help="image dataset directory: the split")
+  p.add_argument("--max-len", type=int, help="text: extend the learned position table to N "
+                 "rows (interpolated, untrained; warns)")
+  p.add_argument("--image-size", type=image_size, help="images: H,W; load the model with "
+                 "its position grid resampled to this size (interpolated, untrained; warns)")
   p.add_argument("--label-column", default="label", help="CSV/TSV: the label column's name")
   p.add_argument("--text-column", help="CSV/TSV: the text column's name (default: text)")
   p.add_argument("--no-header", action="store_true",
                  help="CSV/TSV without a header row: text,label per line")
-  p.add_argument("--max-length", type=int, default=128)
+  p.add_argument("--max-length", type=int,
+                 help="tokens per sentence (default: 128, or --max-len when given)")
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--stream", action="store_true", help="features as per-layer .npy memmaps")
   p.add_argument("--mlp", action="store_true", help="also an MLP probe per layer")
@@ -79,14 +103,17 @@ def parse_args(argv=None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
-def options_from(args: argparse.Namespace) -> study.StudyOptions:
+def options_from(args: argparse.Namespace, hf_dir=None) -> study.StudyOptions:
+  """StudyOptions of the flags; `hf_dir` (a local --pretrained copy) sets image normalisation."""
   return study.StudyOptions(
-      pool=args.pool, batch_size=args.batch_size, max_length=args.max_length,
+      pool=args.pool, batch_size=args.batch_size,
+      max_length=args.max_length or args.max_len or 128,
       stream=args.stream, mlp=args.mlp, control=not args.no_control,
       probe=probes.ProbeConfig(seed=args.seed, l2=args.l2, max_epochs=args.max_epochs),
       collapse=representation.CollapseThresholds.from_dict(json.loads(args.collapse)),
       health_thresholds=HealthThresholds.from_dict(json.loads(args.health)),
-      attention_sentence=args.sentence)
+      attention_sentence=args.sentence,
+      image_norm=images.hf_normalisation(hf_dir) if hf_dir else None)
 
 
 def main(argv=None) -> dict:
@@ -99,23 +126,47 @@ def probe(args: argparse.Namespace) -> dict:
   a gs:// URL: inputs are read through local copies, outputs uploaded at the end."""
   with contextlib.ExitStack() as stack:
     local = lambda p: p and str(stack.enter_context(paths.local_copy(p)))
+    resize = {"max_len": args.max_len, "image_size": args.image_size}
+    hf_dir = None
     if args.checkpoint:  # a run directory is read in place (orbax reads gs:// itself)
-      cfg, params, tokenizer = load_checkpoint(args.checkpoint, local(args.tokenizer))
+      cfg, params, tokenizer = load_checkpoint(args.checkpoint, local(args.tokenizer), **resize)
     else:
-      cfg, params, tokenizer = load_pretrained(local(args.pretrained), local(args.tokenizer))
-    columns = readers.Columns(text=args.text_column, label=args.label_column,
-                              header=not args.no_header)
-    dataset = features.read_dataset(local(args.data), max_sentences=args.max_sentences,
-                                    columns=columns)
+      hf_dir = local(args.pretrained)
+      cfg, params, tokenizer = load_pretrained(hf_dir, local(args.tokenizer), **resize)
+    dataset = read_data(args, local(args.data), cfg)
     out = paths.as_path(args.out)
     out_local = stack.enter_context(tempfile.TemporaryDirectory()) if paths.is_url(out) else out
-    rep = study.run(cfg, params, tokenizer, dataset, out_local, options_from(args),
+    rep = study.run(cfg, params, tokenizer, dataset, out_local, options_from(args, hf_dir),
                     workdir=args.checkpoint, source=args.checkpoint or args.pretrained)
     if paths.is_url(out):
       paths.copy_tree(out_local, out)
+  print(headline(rep))
   print(summary(rep))
   print(f"wrote {out / 'report.json'} and {len(rep['plots'])} plots")
   return rep
+
+
+def read_data(args: argparse.Namespace, data, cfg):
+  """An image set (a directory or .npz) for an image encoder, else text (features.read_dataset)."""
+  if cfg.input_kind == "image":
+    if not (pathlib.Path(data).is_dir() or str(data).lower().endswith(".npz")):
+      raise ValueError(f"--data {data}: an image encoder takes a prepared image_arrays "
+                       "dataset directory or a .npz of images and labels")
+    return images.read_dataset(data, split=args.split, max_images=args.max_sentences)
+  columns = readers.Columns(text=args.text_column, label=args.label_column,
+                            header=not args.no_header)
+  return features.read_dataset(data, max_sentences=args.max_sentences, columns=columns)
+
+
+def headline(rep: dict) -> str:
+  """One line: family, input kind, pooling (and for text the tokenizer)."""
+  if rep["tokenizer"] is None:
+    norm = rep["input"]["normalisation"]
+    return (f"{rep['model']['family']} encoder, {rep['input']['kind']} input, "
+            f"{rep['input']['pool']} pooling, normalised as {norm['source']}")
+  return (f"{rep['model']['family']} encoder, {rep['tokenizer']['kind']} tokenizer"
+          + (f", words as their {rep['tokenizer']['word_alignment']}"
+             if rep["tokenizer"]["word_alignment"] else ""))
 
 
 def summary(rep: dict) -> str:

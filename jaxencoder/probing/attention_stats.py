@@ -83,7 +83,7 @@ def punctuation_table(tokenizer) -> np.ndarray:
   """Bool [V]: token id -> whether the token is punctuation only (e.g. `,` `.` `##.`)."""
   table = np.zeros(tokenizer.vocab_size, bool)
   for token, i in tokenizer.hf.get_vocab().items():
-    text = token[2:] if token.startswith("##") else token
+    text = token[2:] if token.startswith("##") else token.removeprefix("Ġ")  # byte-level BPE
     is_special = text.startswith("[") and text.endswith("]") and len(text) > 2
     if text and not is_special and all(unicodedata.category(c).startswith("P") for c in text):
       table[i] = True

@@ -6,6 +6,7 @@ Pooling is a [B, W, L] weight matrix built on the host (first sub-word, mean of
 sub-words, [CLS] or mean of tokens) and applied in the same jitted call, which also
 accumulates the attention statistics of `attention_stats`. Features go to per-layer
 `.npy` memmaps when `out_dir` is given (large sets), else to memory.
+Images take `probing.images` instead (same `Features`, one item per image).
 """
 
 from __future__ import annotations
@@ -196,12 +197,13 @@ def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: st
   if not dataset.sentences:
     raise ValueError("extract: the dataset has no sentences")
   if cfg.input_kind != "text":
-    raise ValueError(f"probing features need a text encoder, got input_kind={cfg.input_kind!r}")
+    raise ValueError(f"probing features need a text encoder, got input_kind={cfg.input_kind!r}"
+                     " (image encoders: probing.images, --data DIR or .npz)")
   if tokenizer.vocab_size > cfg.vocab_size:
     raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
                      f"has {cfg.vocab_size}: pass the tokenizer the model was trained with "
                      "(--tokenizer)")
-  max_length = min(max_length, cfg.max_len)
+  max_length = min(max_length, cfg.max_positions)
   buckets = tuple(buckets or length_buckets(max_length))
   lengths_S, kept_S = measure(tokenizer, dataset, max_length)
   layers = store.allocate(cfg.num_layers + 1, int(kept_S.sum()), cfg.emb_dim, out_dir)
@@ -273,7 +275,7 @@ def sentence_attention(cfg: EncoderConfig, params, tokenizer, text, *, max_lengt
                        ) -> tuple[list[str], np.ndarray]:
   """(tokens, attention [N, H, T, T]) of one sentence (a text or a word list), T real tokens."""
   pretokenized = not isinstance(text, str)
-  enc = tokenizer.encode(text, max_length=min(max_length, cfg.max_len),
+  enc = tokenizer.encode(text, max_length=min(max_length, cfg.max_positions),
                          is_pretokenized=pretokenized)
   types = enc["token_type_ids"][None] if cfg.type_vocab_size else None
   out = jax.jit(Encoder(cfg).apply, static_argnames=("output_attentions",))(

@@ -1,8 +1,10 @@
 """One probing study end to end: features -> probes, attention, health -> report + plots.
 
   report = study.run(cfg, params, tokenizer, dataset, "out/")   # also writes out/*.png
+  report = study.run(vit_cfg, params, None, images.read_dataset(path), "out/")  # images
 
-Takes `(cfg, params, tokenizer)` directly, so any checkpoint source works.
+Takes `(cfg, params, tokenizer)` directly, so any checkpoint source works; an
+`images.ImageDataset` needs no tokenizer (its normalisation: `StudyOptions.image_norm`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from jaxencoder.config import EncoderConfig
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features as features_lib
-from jaxencoder.probing import health, probes, report, representation
+from jaxencoder.probing import health, images, probes, report, representation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,22 +34,26 @@ class StudyOptions:
   collapse: representation.CollapseThresholds = representation.CollapseThresholds()
   health_thresholds: health.HealthThresholds = health.HealthThresholds()
   attention_sentence: str | list[str] | None = None  # default: the first sentence
+  image_norm: images.Normalisation | None = None  # None: as train.py (image_pipeline's)
 
 
 def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, out_dir,
         options: StudyOptions = StudyOptions(), *, workdir=None, source: str = "") -> dict:
   """Runs every analysis, writes out_dir/report.json and the PNG plots; returns the report."""
-  if len(dataset.sentences) < probes.MIN_SENTENCES:
-    raise ValueError(f"{len(dataset.sentences)} sentences are too few to probe (train, dev and "
-                     f"test splits need at least {probes.MIN_SENTENCES})")
+  is_image = dataset.level == "image"
+  count = len(dataset) if is_image else len(dataset.sentences)
+  if count < probes.MIN_SENTENCES:
+    raise ValueError(f"{count} {'images' if is_image else 'sentences'} are too few to probe "
+                     f"(train, dev and test splits need at least {probes.MIN_SENTENCES})")
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   started = time.time()
-  feats = features_lib.extract(
-      cfg, params, tokenizer, dataset, pool=options.pool, batch_size=options.batch_size,
-      max_length=options.max_length, sparsity_threshold=options.sparsity_threshold,
-      out_dir=out_dir / "features" if options.stream else None)
+  feats = _extract(cfg, params, tokenizer, dataset, options,
+                   out_dir / "features" if options.stream else None)
   rep = {"source": source, "model": _model_summary(cfg), "data": feats.info,
+         "input": {"kind": dataset.level if is_image else "text", "pool": feats.info["pool"],
+                   "normalisation": feats.info.get("normalisation")},
+         "tokenizer": None if is_image else _tokenizer_summary(tokenizer, feats.info),
          "labels": feats.label_names, "extract_seconds": time.time() - started}
   rep["probes"] = _probes(feats, options)
   rep["representation"] = representation.all_layers(feats.layers, options.collapse,
@@ -63,9 +69,33 @@ def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, ou
   return rep
 
 
+def _extract(cfg, params, tokenizer, dataset, options: StudyOptions, out_dir
+             ) -> features_lib.Features:
+  if dataset.level == "image":
+    return images.extract(cfg, params, dataset, norm=options.image_norm, pool=options.pool,
+                          batch_size=options.batch_size, out_dir=out_dir,
+                          sparsity_threshold=options.sparsity_threshold)
+  return features_lib.extract(
+      cfg, params, tokenizer, dataset, pool=options.pool, batch_size=options.batch_size,
+      max_length=options.max_length, sparsity_threshold=options.sparsity_threshold,
+      out_dir=out_dir)
+
+
 def _model_summary(cfg: EncoderConfig) -> dict:
-  return {"num_layers": cfg.num_layers, "emb_dim": cfg.emb_dim, "num_heads": cfg.num_heads,
-          "norm_position": cfg.norm_position, "attention_impl": cfg.attention_impl}
+  return {"family": cfg.family, "input_kind": cfg.input_kind, "num_layers": cfg.num_layers,
+          "emb_dim": cfg.emb_dim,
+          "num_heads": cfg.num_heads, "norm_position": cfg.norm_position,
+          "attention_impl": cfg.attention_impl}
+
+
+WORD_ALIGNMENTS = {"first": "first sub-word", "mean": "mean of sub-words"}
+
+
+def _tokenizer_summary(tokenizer, info: dict) -> dict:
+  """The tokenizer's kind and how words map to sub-words (word-level data only)."""
+  alignment = WORD_ALIGNMENTS[info["pool"]] if info["level"] == "word" else None
+  return {"kind": getattr(tokenizer, "kind", type(tokenizer).__name__),
+          "word_alignment": alignment}
 
 
 def _probes(feats: features_lib.Features, options: StudyOptions) -> dict:
@@ -86,6 +116,7 @@ def _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options) -> lis
   if feats.attention is not None:
     paths.append(report.plot_head_heatmap(feats.attention["entropy"],
                                           out_dir / "attention_entropy.png"))
+  if feats.attention is not None and dataset.level != "image":
     sentence = options.attention_sentence or dataset.sentences[0]
     tokens, probs_NxHxTxT = features_lib.sentence_attention(cfg, params, tokenizer, sentence)
     paths.append(report.plot_attention_maps(tokens, probs_NxHxTxT,

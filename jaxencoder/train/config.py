@@ -17,13 +17,16 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.electra import GENERATOR_SCALE
 from jaxencoder.train.optim import default_optim_config
+from jaxencoder.train.pretraining import DISCRIMINATOR_WEIGHT
 from jaxencoder.train.sharding import DEFAULT_RULES
 
 log = logging.getLogger("jaxencoder")
 
 # EncoderConfig fields that default to None, with the type an override takes.
-_OPTIONAL_MODEL_FIELDS = {"head_dim": int, "mlp_dim": int, "sliding_window": int}
+_OPTIONAL_MODEL_FIELDS = {"head_dim": int, "mlp_dim": int, "sliding_window": int,
+                          "embedding_dim": int, "local_rope_base": float}
 # EncoderConfig fields that say how to run a model, not what it is: with init_from they
 # keep this config's values (the stack layout is converted on load); all others come
 # from the checkpoint.
@@ -32,6 +35,7 @@ RUNTIME_MODEL_FIELDS = ("attention_impl", "dropout_rate", "attention_dropout_rat
                         "remat_policy", "dtype", "param_dtype", "check_ids")
 # config.rng_impl -> jax's PRNG implementation (README "Training": the determinism trade-off).
 RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
+SENTENCE_PAIRS = ("", "nsp", "sop")  # config.sentence_pair, an option of task "mlm"
 
 
 def model_config(cfg: EncoderConfig) -> ml_collections.ConfigDict:
@@ -51,14 +55,22 @@ def base_config() -> ml_collections.ConfigDict:
   """Defaults shared by every config; see configs/ for runnable variants."""
   c = ml_collections.ConfigDict()
   c.task = "mlm"  # mlm | classify | token_classify | contrastive | span | multilabel |
-  #                 regression | multiple_choice (README "Heads and tasks") | mlm_nsp |
-  #                 mlm_sop (README "Sentence-pair objectives") | electra (README "ELECTRA") |
-  #                 seq2seq (README "Encoder-decoder (seq2seq)")
+  #                 regression | multiple_choice (README "Heads and tasks") | electra
+  #                 (README "ELECTRA") | seq2seq (README "Encoder-decoder (seq2seq)")
+  # Task options (each read by one task only):
+  c.sentence_pair = ""  # mlm: "" | nsp | sop: + a pair head on sentence pairs (README
+  #                       "Sentence-pair objectives"); same as task mlm_nsp / mlm_sop
+  c.max_span_len = 30  # span: the longest answer (in tokens) the best-span search returns
+  c.electra = ml_collections.ConfigDict(dict(
+      generator_scale=GENERATOR_SCALE,  # generator width, heads, FFN / the discriminator's
+      discriminator_weight=DISCRIMINATOR_WEIGHT,  # loss = generator MLM + weight x disc. BCE
+  ))
   c.model = model_config(EncoderConfig.preset("tiny", vocab_size=30522))
   c.num_classes = 2
   c.projection_dim = 128
   c.temperature = 0.05
-  c.max_predictions = -1  # MLM logits at M gathered positions per row; -1: auto; 0: everywhere
+  c.max_predictions = -1  # masked tasks: MLM logits at M gathered positions per row;
+  #                          -1: auto; 0: everywhere
 
   c.data = ml_collections.ConfigDict(dict(
       # text_corpus | text_classification | tagged_tokens | text_records | image_arrays | time_series
@@ -108,6 +120,7 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if config.rng_impl not in RNG_IMPLS:
     raise ValueError(f"rng_impl must be one of {', '.join(map(repr, RNG_IMPLS))}, "
                      f"got {config.rng_impl!r}")
+  resolved_task(config)  # a sentence_pair on a task other than mlm is an error
   if not config.optim.total_steps:
     config.optim.total_steps = config.num_train_steps
   _clip_warmup(config.optim)
@@ -115,6 +128,21 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     config.max_predictions = math.ceil(1.25 * config.data.mask_rate * config.data.seq_len) + 1
   config.lock()
   return config
+
+
+def resolved_task(config) -> str:
+  """The task to build: config.task, with mlm's sentence_pair option folded in
+  (task mlm + sentence_pair sop -> "mlm_sop"). `config`: a ConfigDict or a run's stored
+  config dict."""
+  pair = config.get("sentence_pair", "")
+  if pair not in SENTENCE_PAIRS:
+    raise ValueError(f"sentence_pair must be one of {SENTENCE_PAIRS}, got {pair!r}")
+  if not pair:
+    return config["task"]
+  if config["task"] != "mlm":
+    raise ValueError(f"sentence_pair={pair!r} is an option of task 'mlm'; task is "
+                     f"{config['task']!r}")
+  return f"mlm_{pair}"
 
 
 def _check_positive(config: ml_collections.ConfigDict, keys: Sequence[str]) -> None:

@@ -30,7 +30,7 @@ from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.parallel import make_stepper
 from jaxencoder.train.pipelines import Pipelines, make_pipelines
 from jaxencoder.train.stop import Preempted, StopSignals
-from jaxencoder.train.tasks import Task, make_task, summarize
+from jaxencoder.train.tasks import Task, summarize, task_from_config
 from jaxencoder.train.config import RNG_IMPLS, config_changes, encoder_config, finalize
 
 log = logging.getLogger("jaxencoder")
@@ -72,9 +72,7 @@ def build_task(config, pipelines: Pipelines) -> Task:
   if tok is not None and cfg.vocab_size < tok.vocab_size:
     raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
                      f"vocabulary ({tok.vocab_size})")
-  return make_task(config.task, cfg, num_classes=pipelines.num_classes or config.num_classes,
-                   projection_dim=config.projection_dim, temperature=config.temperature,
-                   max_predictions=config.max_predictions if config.task == "mlm" else 0)
+  return task_from_config(config, cfg, num_classes=pipelines.num_classes or config.num_classes)
 
 
 def peek(iterator) -> dict[str, np.ndarray]:
@@ -347,7 +345,8 @@ def _log_train(run: Run, window, done: int, tick: float, batch, flops, bar) -> f
   check_finite(run.state)
   host = jax.device_get(window)
   now = time.perf_counter()
-  sums = {k: np.sum([w[k] for w in host], axis=0) for k in ("loss_sum", "loss_weight", "correct")}
+  sums = {k: np.sum([w[k] for w in host], axis=0) for k in host[0]
+          if k not in ("grad_norm", "loss")}  # every metric of the window, as eval's
   values = summarize(sums)
   values["grad_norm"] = float(np.mean([w["grad_norm"] for w in host]))
   values["learning_rate"] = float(run.schedule(done))

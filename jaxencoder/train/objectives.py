@@ -78,11 +78,11 @@ def multilabel_sums(logits_BxC, labels_BxC, weights_B) -> dict:
 
 
 def f1_scores(tp, fp, fn) -> tuple[float, float]:
-  """(micro, macro) F1 from per-label counts; macro averages the labels that occur."""
+  """(micro, macro) F1 from per-label counts; macro averages the labels in gold or predicted."""
   tp, fp, fn = (np.asarray(x, np.float64) for x in (tp, fp, fn))
   micro = 2 * tp.sum() / max(2 * tp.sum() + fp.sum() + fn.sum(), 1e-9)
   f1 = 2 * tp / np.maximum(2 * tp + fp + fn, 1e-9)
-  present = (tp + fn) > 0
+  present = (tp + fn + fp) > 0  # labels in the gold set or the predictions
   return float(micro), float(f1[present].mean()) if present.any() else 0.0
 
 

@@ -18,6 +18,7 @@ from jaxencoder.data import pairs, pipeline, shuffled_words, sources
 from jaxencoder.data.readers import DataError
 from jaxencoder.io.paths import as_path
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
+from jaxencoder.train.config import resolved_task
 from jaxencoder.train.tasks import MASKED_TASKS, SENTENCE_PAIR_TASKS
 
 TEXT_KINDS = ("text_corpus", "text_classification", "tagged_tokens", "text_records")
@@ -156,6 +157,8 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
                    num_epochs=num_epochs, train=train, num_classes=num_classes)
     if tok is None:
       return ds
+    if not config.model.type_vocab_size:  # no type table (DistilBERT, ModernBERT): no types
+      ds = ds.map(lambda batch: {k: v for k, v in batch.items() if k != "token_type_ids"})
     return pipeline.check_ids(ds, id_limits(config.model),
                               f"tokenizer {tokenizer_path(data_cfg)} on {name}")
 
@@ -197,25 +200,18 @@ def _pipeline(config, tok, src, *, batch_size, num_epochs, train,
 
 
 def _masked_text_pipeline(config, tok, src, *, train, **kw) -> grain.IterDataset:
-  """text_corpus batches for config.task: BERT-masked for the masked tasks (sentence
-  pairs for mlm_nsp / mlm_sop), plain tokens otherwise."""
-  data_cfg = config.data
-  rate = data_cfg.mask_rate if config.task in MASKED_TASKS else 0.0
+  """text_corpus batches for the task: BERT-masked for the masked tasks (sentence pairs for
+  mlm with a sentence_pair objective), plain tokens otherwise."""
+  data_cfg, task = config.data, resolved_task(config)
+  rate = data_cfg.mask_rate if task in MASKED_TASKS else 0.0
   spec = mlm_lib.MaskSpec(tok.vocab_size, tok.mask_id, tuple(int(i) for i in tok.special_ids),
                           rate=rate, whole_word=data_cfg.whole_word)
   mode = data_cfg.packing if train else "pad"
-  if config.task in SENTENCE_PAIR_TASKS:
-    if mode != "pad":
-      raise ValueError(f"task={config.task!r} needs one sentence pair per row: "
-                       f"data.packing={mode!r} is not supported, use 'pad'")
-    ds = pairs.pair_pipeline(src, tok, SENTENCE_PAIR_TASKS[config.task],
-                             seq_len=data_cfg.seq_len, mask=spec, drop_remainder=train, **kw)
-  else:
-    ds = pipeline.mlm_pipeline(src, tok, seq_len=data_cfg.seq_len, mode=mode, mask=spec,
-                               drop_remainder=train, **kw)
-  if config.task == "mlm" or config.task not in MASKED_TASKS or config.max_predictions <= 0:
-    return ds
-  # The loop hands max_predictions to task "mlm" only; the other masked tasks read their
-  # M prediction positions from the batch.
-  positions = lambda b: mlm_lib.prediction_positions(b["mlm_weights"], config.max_predictions)
-  return ds.map(lambda batch: {**batch, "mlm_positions": positions(batch)})
+  if task not in SENTENCE_PAIR_TASKS:
+    return pipeline.mlm_pipeline(src, tok, seq_len=data_cfg.seq_len, mode=mode, mask=spec,
+                                 drop_remainder=train, **kw)
+  if mode != "pad":
+    raise ValueError(f"sentence_pair={SENTENCE_PAIR_TASKS[task]!r} needs one sentence pair "
+                     f"per row: data.packing={mode!r} is not supported, use 'pad'")
+  return pairs.pair_pipeline(src, tok, SENTENCE_PAIR_TASKS[task], seq_len=data_cfg.seq_len,
+                             mask=spec, drop_remainder=train, **kw)

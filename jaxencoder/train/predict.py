@@ -4,11 +4,15 @@
 
 By the run's task (read from the config stored with its checkpoint):
   classify        one text per line ("text<TAB>text_b" for pairs) -> "label<TAB>line"
+  multilabel      one text per line -> "label,label,...<TAB>line" (sigmoid > 0.5)
+  regression      one text per line ("text<TAB>text_b" for pairs) -> "value<TAB>line"
   token_classify  one sentence of space-separated words per line -> "word/TAG ..."
-  mlm, mlm_nsp, mlm_sop, electra (its discriminator), contrastive
+  seq2seq         one input text per line -> "greedy output<TAB>line" (key/value cache)
+  mlm (+ sentence_pair), electra (its discriminator), contrastive
                   one text per line -> OUT (.npy): pooled encoder vectors [N, D]
-Text runs only; labels are named from the run's prepared dataset when it is still
-there, else printed as class indices.
+Text runs only; span and multiple_choice runs are not supported (their eval metrics are
+in the run's metrics.jsonl). Labels are named from the run's prepared dataset when it
+is still there, else printed as class indices.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import dataclasses
 import pathlib
 
 import flax.linen as nn
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -28,9 +33,13 @@ from jaxencoder.io.checkpoint import restore_params_only
 from jaxencoder.io.run_dir import RunDir, abstract_params
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
 from jaxencoder.train import pipelines
-from jaxencoder.train.tasks import MASKED_TASKS, make_task
+from jaxencoder.decoder import greedy_decode
+from jaxencoder.train.config import resolved_task
+from jaxencoder.train.tasks import MASKED_TASKS, task_from_config
 
 BATCH = 32
+LINE_TASKS = ("classify", "multilabel", "regression", "token_classify", "seq2seq")
+UNSUPPORTED = ("span", "multiple_choice")
 
 
 @dataclasses.dataclass
@@ -52,14 +61,21 @@ def load(run_path, step: int | None = None) -> Predictor:
   if cfg.input_kind != "text":
     raise ValueError(f"{run_path}: predict reads text; this run's input_kind is {cfg.input_kind!r}")
   names = _label_names(config)
-  task = make_task(config["task"], cfg, num_classes=len(names) if names else config["num_classes"],
-                   projection_dim=config["projection_dim"])
-  params = restore_params_only(run.checkpoint_dir, abstract_params(cfg, task.model),
+  task_name = resolved_task(config)
+  if task_name in UNSUPPORTED:
+    raise ValueError(f"{run_path}: predict does not support task {task_name!r} (supported: "
+                     "classify, multilabel, regression, token_classify, seq2seq, the masked "
+                     "pre-training tasks, contrastive)")
+  task = task_from_config(config, cfg, num_classes=len(names) if names else config["num_classes"])
+  ids, ones = jnp.zeros((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32)
+  example = ((ids, ones, ids, None, None, ids, ones)  # EncoderDecoder's init needs targets
+             if task_name == "seq2seq" else None)
+  params = restore_params_only(run.checkpoint_dir, abstract_params(cfg, task.model, example),
                                subtree=("params",),
                                step=step if step is not None else run.latest_step())
   tokenizer = Tokenizer.from_file(run.tokenizer_path() or default_tokenizer_path())
-  seq_len = min(config["data"]["seq_len"], cfg.max_len)
-  return Predictor(config["task"], cfg, task.model, params, tokenizer, seq_len, names)
+  seq_len = min(config["data"]["seq_len"], cfg.max_positions)
+  return Predictor(task_name, cfg, task.model, params, tokenizer, seq_len, names)
 
 
 def _label_names(config: dict) -> list[str] | None:
@@ -72,12 +88,12 @@ def _label_names(config: dict) -> list[str] | None:
 
 
 def predict(p: Predictor, lines: list[str]) -> list[str] | np.ndarray:
-  """Labelled lines (classify, token_classify) or pooled vectors [N, D] (the masked
-  pre-training tasks, contrastive)."""
+  """Output lines (LINE_TASKS) or pooled vectors [N, D] (the masked pre-training tasks,
+  contrastive)."""
   outputs = []
   for start in range(0, len(lines), BATCH):
     outputs.append(_predict_batch(p, lines[start:start + BATCH]))
-  if p.task in ("classify", "token_classify"):
+  if p.task in LINE_TASKS:
     return [line for batch in outputs for line in batch]
   return np.concatenate(outputs) if outputs else np.zeros((0, p.cfg.emb_dim), np.float32)
 
@@ -93,7 +109,13 @@ def _predict_batch(p: Predictor, lines: list[str]):
     has_b = any(len(pair) > 1 for pair in pairs)
     batch = p.tokenizer.encode_batch([pair[0] for pair in pairs], texts_b if has_b else None,
                                      max_length=p.seq_len)
-  args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+  types = batch["token_type_ids"] if p.cfg.type_vocab_size else None
+  args = (batch["input_ids"], batch["attention_mask"], types)
+  if p.task == "seq2seq":
+    tokens_BxT = greedy_decode(p.model, p.params, *args[:2], p.seq_len - 1,
+                               p.tokenizer.cls_id, eos_id=p.tokenizer.sep_id,
+                               token_type_ids=args[2])
+    return [f"{p.tokenizer.decode(row)}\t{line}" for row, line in zip(np.asarray(tokens_BxT), lines)]
   if p.task in MASKED_TASKS or p.task == "contrastive":
     encoder_params = p.params[ENCODER] if ENCODER in p.params else p.params
     out = Encoder(p.cfg).apply({"params": encoder_params}, *args)
@@ -101,6 +123,11 @@ def _predict_batch(p: Predictor, lines: list[str]):
   logits = np.asarray(p.model.apply({"params": p.params}, *args))
   if p.task == "classify":
     return [f"{name(int(c))}\t{line}" for c, line in zip(logits.argmax(-1), lines)]
+  if p.task == "regression":
+    return [f"{value:.6g}\t{line}" for value, line in zip(logits[:, 0], lines)]
+  if p.task == "multilabel":
+    return [f"{','.join(name(int(c)) for c in np.flatnonzero(row > 0))}\t{line}"
+            for row, line in zip(logits, lines)]  # logit > 0 <=> sigmoid > 0.5
   tags_BxL = logits.argmax(-1)
   first_BxW = batch["first_subword_index"]
   return [" ".join(f"{w}/{name(int(tags_BxL[b, first_BxW[b, i]]))}"

@@ -9,6 +9,7 @@ sums of each part, so that `summarize` reports every part exactly over a split.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -80,7 +81,11 @@ def summarize(sums: dict[str, Any]) -> dict[str, float]:
     out["generator_loss"] = ratio("generator_loss_sum", "generator_loss_weight")
     out["generator_accuracy"] = ratio("generator_correct", "generator_loss_weight")
     out["discriminator_loss"] = ratio("discriminator_loss_sum", "discriminator_weight")
-    out["replaced_fraction"] = ratio("replaced", "discriminator_weight")  # 1 - it: all-original accuracy
+    out["replaced_fraction"] = q = ratio("replaced", "discriminator_weight")  # 1 - q: all-original accuracy
+    # The BCE of always answering q (the base rate, no context): below it, the
+    # discriminator reads its inputs.
+    out["discriminator_prior_loss"] = float(-sum(
+        f * math.log(f) for f in (q, 1.0 - q) if f > 0))
     out["replaced_precision"] = ratio("replaced_hits", "predicted_replaced")
     out["replaced_recall"] = ratio("replaced_hits", "replaced")
   if "pair_weight" in sums:

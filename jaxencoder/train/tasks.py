@@ -22,11 +22,13 @@ from jaxencoder.heads import (ContrastiveHead, EncoderForMaskedLM, EncoderForPre
                               info_nce_loss)
 from jaxencoder.layers import take_rows
 from jaxencoder.train import objectives, pretraining, seq2seq
+from jaxencoder.train.config import resolved_task
 
 SENTENCE_PAIR_TASKS = {"mlm_nsp": "nsp", "mlm_sop": "sop"}  # task -> data/pairs.py objective
 MASKED_TASKS = ("mlm", *SENTENCE_PAIR_TASKS, "electra")  # trained on BERT-masked text
 TASKS = (*MASKED_TASKS, "classify", "token_classify", "contrastive", "span", "multilabel",
          "regression", "multiple_choice", "seq2seq")
+MAX_SPAN_LEN = 30  # span: the longest answer (tokens) the best-span search returns
 INPUT_KEYS = {"text": "input_ids", "image": "images", "series": "inputs"}
 MODEL_KWARGS = ("attention_mask", "token_type_ids", "segment_ids", "positions")
 
@@ -150,9 +152,24 @@ def masked_positions(weights_BxL: jax.Array, max_predictions: int) -> jax.Array:
   return jax.lax.top_k(weights_BxL.astype(jnp.float32), max_predictions)[1]
 
 
+def task_from_config(config, cfg: EncoderConfig, *, num_classes: int) -> Task:
+  """make_task for a training config: its task (train/config.resolved_task) and task
+  options. `config`: a ConfigDict, or a run's stored config dict (options an older run
+  lacks take their defaults)."""
+  name = resolved_task(config)
+  electra = config.get("electra") or {}
+  return make_task(
+      name, cfg, num_classes=num_classes, projection_dim=config["projection_dim"],
+      temperature=config["temperature"],
+      max_predictions=max(config["max_predictions"], 0) if name in MASKED_TASKS else 0,
+      max_span_len=config.get("max_span_len", MAX_SPAN_LEN),
+      generator_scale=electra.get("generator_scale", GENERATOR_SCALE),
+      discriminator_weight=electra.get("discriminator_weight", pretraining.DISCRIMINATOR_WEIGHT))
+
+
 def make_task(name: str, cfg: EncoderConfig, *, num_classes: int = 2,
               projection_dim: int = 128, temperature: float = 0.05,
-              max_predictions: int = 0, max_span_len: int = 30,
+              max_predictions: int = 0, max_span_len: int = MAX_SPAN_LEN,
               rank_capacity: int = objectives.RANK_CAPACITY,
               generator_scale: float = GENERATOR_SCALE,
               discriminator_weight: float = pretraining.DISCRIMINATOR_WEIGHT) -> Task:
@@ -332,7 +349,7 @@ def summarize(sums: dict[str, Any]) -> dict[str, float]:
   if "tp" in sums:
     tp, fp, fn = (jnp.asarray(sums[k]) for k in ("tp", "fp", "fn"))
     f1 = 2 * tp / jnp.maximum(2 * tp + fp + fn, 1e-9)
-    present = (tp + fn) > 0
+    present = (tp + fn + fp) > 0  # classes in the gold labels or the predictions
     out["f1_macro"] = float(jnp.sum(f1 * present) / jnp.maximum(jnp.sum(present), 1))
   out.update(objectives.summarize(sums))
   out.update(pretraining.summarize(sums))
