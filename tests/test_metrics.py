@@ -1,4 +1,4 @@
-"""Run metrics (jaxencoder/train/metrics.py): device peaks, XLA-counted FLOPs, throughput
+"""Run metrics (jaxencoder/train/metrics.py): device peaks, matmul FLOPs, throughput
 and MFU formulas, what a run logs, and that only an enabled (process-0) writer writes."""
 
 import types
@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxencoder import Encoder, EncoderConfig
 from jaxencoder.train import metrics
 from jaxencoder.train.metrics import MetricWriter, read_metrics
 
@@ -20,20 +21,38 @@ def test_device_peak_is_looked_up_by_kind(kind, peak):
   assert metrics.device_peak_flops(types.SimpleNamespace(device_kind=kind)) == peak
 
 
-def test_compiled_flops_of_a_matmul_are_2mnk():
-  a = jax.ShapeDtypeStruct((64, 32), jnp.float32)
-  b = jax.ShapeDtypeStruct((32, 16), jnp.float32)
-  assert metrics.compiled_flops(jax.jit(jnp.matmul).lower(a, b).compile()) == 2 * 64 * 32 * 16
+def test_matmul_flops_of_a_matmul_are_2mnk():
+  a, b = jnp.ones((64, 32)), jnp.ones((32, 16))
+  assert metrics.matmul_flops(jax.jit(jnp.matmul).trace(a, b).jaxpr) == 2 * 64 * 32 * 16
+  batched = jax.make_jaxpr(jnp.matmul)(jnp.ones((3, 64, 32)), jnp.ones((3, 32, 16)))
+  assert metrics.matmul_flops(batched) == 3 * 2 * 64 * 32 * 16
 
 
 @pytest.mark.mesh
-def test_compiled_flops_count_the_whole_step_of_a_sharded_program():
+def test_matmul_flops_count_the_whole_step_of_a_sharded_program():
   mesh = jax.make_mesh((8,), ("data",))
-  a = jax.ShapeDtypeStruct((64, 32), jnp.float32)
-  b = jax.ShapeDtypeStruct((32, 16), jnp.float32)
+  a, b = jnp.ones((64, 32)), jnp.ones((32, 16))
   step = jax.jit(jnp.matmul, in_shardings=(NamedSharding(mesh, P("data")),
                                            NamedSharding(mesh, P())))
-  assert metrics.compiled_flops(step.lower(a, b).compile()) == 2 * 64 * 32 * 16
+  assert metrics.matmul_flops(step.trace(a, b).jaxpr) == 2 * 64 * 32 * 16
+  per_shard = jax.shard_map(jnp.matmul, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"))
+  a = jax.device_put(a, NamedSharding(mesh, P("data")))
+  assert metrics.matmul_flops(jax.jit(per_shard).trace(a, b).jaxpr) == 2 * 64 * 32 * 16
+
+
+def test_a_scanned_stack_counts_every_layer():
+  """XLA's cost analysis counts a scan body once (a scanned 4-layer stack as ~1 layer);
+  matmul_flops counts it `length` times: scanned == looped, forward and backward."""
+  ids = jnp.ones((2, 16), jnp.int32)
+  counts = {}
+  for scan in (False, True):
+    cfg = EncoderConfig.preset("tiny", num_layers=4, vocab_size=64, max_len=16,
+                               scan_layers=scan)
+    model = Encoder(cfg)
+    params = model.init(jax.random.key(0), ids)
+    loss = lambda p: model.apply(p, ids).last_hidden_state.sum()
+    counts[scan] = metrics.matmul_flops(jax.jit(jax.grad(loss)).trace(params).jaxpr)
+  assert counts[True] == counts[False] > 0
 
 
 def test_throughput_and_mfu_formulas(monkeypatch):
@@ -49,7 +68,7 @@ def test_throughput_and_mfu_formulas(monkeypatch):
 
 
 def test_a_run_logs_throughput_consistent_with_its_batch(mlm_run):
-  """8 rows of 16 tokens per step; achieved FLOP/s = XLA's count / step time; no MFU on CPU."""
+  """8 rows of 16 tokens per step; achieved FLOP/s = matmul FLOPs / step time; no MFU on CPU."""
   train = [r for r in read_metrics(mlm_run.workdir) if r["split"] == "train"]
   assert [r["step"] for r in train] == [1, 2, 3]  # log_every=1: once per step, no repeats
   for record in train:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -10,6 +11,7 @@ import time
 from typing import Any, Mapping
 
 import jax
+import jax.extend.core as jex_core
 from etils import epath
 
 from jaxencoder.io.paths import as_path, copy_file, copy_tree, is_url
@@ -39,20 +41,48 @@ def device_peak_flops(device: jax.Device | None = None) -> float | None:
   return None
 
 
-def compiled_flops(compiled) -> float | None:
-  """FLOPs of one call of a compiled function, all devices together. XLA's cost analysis
-  of an SPMD-partitioned program counts one device's share: scaled by its device count."""
-  try:
-    analysis = compiled.cost_analysis()
-  except Exception:  # some backends do not implement it
-    return None
-  if isinstance(analysis, (list, tuple)):
-    analysis = analysis[0] if analysis else {}
-  flops = (analysis or {}).get("flops")
-  if not flops:
-    return None
-  devices = {d for s in jax.tree.leaves(compiled.input_shardings) for d in s.device_set}
-  return float(flops) * max(len(devices), 1)
+def matmul_flops(jaxpr) -> float:
+  """FLOPs of the matrix products (`dot_general`: 2 per multiply-add) in a (closed) jaxpr,
+  with global shapes, so all devices together: the model FLOPs of MFU. A scan's body
+  counts `length` times (XLA's cost analysis counts a loop body once: a scanned stack of N
+  layers would count as one), a shard_map body once per device of its mesh, a Pallas
+  kernel once per grid cell (block-sparse kernels skip cells: counted anyway); a cond its
+  costliest branch; a while loop's body once.
+  Products inside opaque calls (e.g. cuDNN attention) are not seen."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "dot_general":
+      (contract, _), _ = eqn.params["dimension_numbers"]
+      lhs_shape = eqn.invars[0].aval.shape
+      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(
+          lhs_shape[d] for d in contract)
+      continue
+    inner = [matmul_flops(sub) for sub in _sub_jaxprs(eqn.params)]
+    if not inner:
+      continue
+    if name == "cond":
+      total += max(inner)
+      continue
+    repeat = 1
+    if name == "scan":
+      repeat = eqn.params["length"]
+    elif name == "shard_map":
+      repeat = eqn.params["mesh"].size
+    elif name == "pallas_call":
+      repeat = math.prod(eqn.params["grid_mapping"].grid)
+    total += repeat * sum(inner)
+  return total
+
+
+def _sub_jaxprs(params) -> list:
+  found = []
+  for value in params.values():
+    for item in value if isinstance(value, (tuple, list)) else (value,):
+      if isinstance(item, (jex_core.ClosedJaxpr, jex_core.Jaxpr)):
+        found.append(item)
+  return found
 
 
 def throughput(step_seconds: float, tokens_per_step: int, examples_per_step: int,

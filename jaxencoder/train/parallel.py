@@ -16,16 +16,18 @@ import numpy as np
 
 from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
-from jaxencoder.train.metrics import compiled_flops
+from jaxencoder.train.metrics import matmul_flops
 
 
 def _compile(fn, *args):
-  """(compiled fn, seconds to lower, seconds in all)."""
+  """(compiled fn, seconds to trace and lower, seconds in all, matmul FLOPs of one call)."""
   started = time.perf_counter()
-  lowered = fn.lower(*args)
-  traced = time.perf_counter()
+  traced = fn.trace(*args) if hasattr(fn, "trace") else None  # pmap: lower only
+  lowered = traced.lower() if traced is not None else fn.lower(*args)
+  lowered_at = time.perf_counter()
   compiled = lowered.compile()
-  return compiled, traced - started, time.perf_counter() - started
+  flops = matmul_flops(traced.jaxpr) if traced is not None else None
+  return compiled, lowered_at - started, time.perf_counter() - started, flops
 
 
 class JitStepper:
@@ -35,9 +37,8 @@ class JitStepper:
     self.mesh, self.rules = mesh, rules
     jitted = steps.jit_train_step(task, tx, base_rng, shardings, mesh)
     with steps.mesh_context(mesh, rules):
-      self._step, self.trace_seconds, self.compile_seconds = _compile(
+      self._step, self.trace_seconds, self.compile_seconds, self.flops = _compile(
           jitted, state, self.put(host_batch))
-    self.flops = compiled_flops(self._step)
 
   def put(self, host_batch):
     return sharding_lib.put_batch(host_batch, self.mesh)
@@ -70,7 +71,7 @@ class PmapStepper:
     self._rngs = jax.vmap(lambda i: jax.random.fold_in(base_rng, i))(jnp.arange(self.devices))
     replicas = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct((self.devices,) + x.shape, x.dtype), state)
-    self._step, self.trace_seconds, self.compile_seconds = _compile(
+    self._step, self.trace_seconds, self.compile_seconds, _ = _compile(
         jax.pmap(step, axis_name=self.AXIS, donate_argnums=0), replicas,
         self.put(host_batch), self._rngs)
 
