@@ -167,16 +167,16 @@ def short_config(corpus, steps=6):
   return config
 
 
-def largest_array_file(step_dir: pathlib.Path) -> pathlib.Path:
-  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and "/d/" in str(p)]
-  return max(files, key=lambda p: p.stat().st_size)
+def array_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
+  """The state's OCDBT data files. Every one is damaged: which file holds which array is
+  orbax's business (damaging only the largest once hit a file the restore did not read)."""
+  return [p for p in (step_dir / "state").rglob("*") if p.is_file() and "/d/" in str(p)]
 
 
 DAMAGE = {
-    "truncated array file": lambda d: largest_array_file(d).write_bytes(
-        largest_array_file(d).read_bytes()[:16]),
-    "overwritten array file": lambda d: largest_array_file(d).write_bytes(
-        b"\0" * largest_array_file(d).stat().st_size),
+    "truncated array file": lambda d: [p.write_bytes(p.read_bytes()[:16]) for p in array_files(d)],
+    "overwritten array file": lambda d: [p.write_bytes(b"\0" * p.stat().st_size)
+                                         for p in array_files(d)],
     "state/ removed": lambda d: __import__("shutil").rmtree(d / "state"),
     "empty step directory": lambda d: [__import__("shutil").rmtree(p) if p.is_dir() else p.unlink()
                                        for p in list(d.iterdir())],

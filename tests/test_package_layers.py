@@ -15,7 +15,7 @@ FORBIDDEN = {
     "model": {"train", "data", "pretrained", "probing", "io", "tokenizer", "cli"},
     "data": {"model", "train", "pretrained", "probing"},
     "io": {"train", "data", "pretrained", "probing"},
-    "train": {"probing", "pretrained"},
+    "train": {"probing"},  # train reads pretrained checkpoints (init_from a HF dir)
     "pretrained": {"train", "probing"},
     "probing": {"train"},
 }
