@@ -119,6 +119,19 @@ def hf_config(cfg: EncoderConfig) -> dict[str, Any]:
   }
 
 
+def config_mismatches(cfg: EncoderConfig, family: str, wanted: Mapping[str, Any],
+                      activations: Mapping[str, str] = OUR_ACTIVATIONS) -> list[str]:
+  """'field=ours (family: theirs)' for every `wanted` field cfg differs in, an activation
+  not in the family's `activations`, and a head_dim other than emb_dim / num_heads."""
+  bad = [f"{k}={getattr(cfg, k)!r} ({family}: {v!r})" for k, v in wanted.items()
+         if getattr(cfg, k) != v]
+  if cfg.activation not in activations:
+    bad.append(f"activation={cfg.activation!r} ({family}: one of {sorted(activations)})")
+  if cfg.resolved_head_dim * cfg.num_heads != cfg.emb_dim:
+    bad.append(f"head_dim={cfg.resolved_head_dim} ({family}: emb_dim / num_heads)")
+  return bad
+
+
 def check_bert_compatible(cfg: EncoderConfig, family: str = "BERT",
                           **family_wants: Any) -> None:
   """Raises ValueError listing every field a BERT-like checkpoint cannot represent.
@@ -129,12 +142,7 @@ def check_bert_compatible(cfg: EncoderConfig, family: str = "BERT",
             "norm_position": "post", "embedding_norm": True, "scale_embeddings": False,
             "use_bias": True, "causal": False, "sliding_window": None,
             "position_offset": 0, "embedding_dim": None, **family_wants}
-  bad = [f"{k}={getattr(cfg, k)!r} ({family}: {v!r})" for k, v in wanted.items()
-         if getattr(cfg, k) != v]
-  if cfg.activation not in OUR_ACTIVATIONS:
-    bad.append(f"activation={cfg.activation!r} ({family}: one of {sorted(OUR_ACTIVATIONS)})")
-  if cfg.resolved_head_dim * cfg.num_heads != cfg.emb_dim:
-    bad.append(f"head_dim={cfg.resolved_head_dim} ({family}: emb_dim / num_heads)")
+  bad = config_mismatches(cfg, family, wanted)
   if cfg.type_vocab_size < 1 and "type_vocab_size" not in family_wants:
     bad.append(f"type_vocab_size=0 ({family}: >= 1)")
   if cfg.pooling == "attention":

@@ -213,10 +213,20 @@ def save(path, cfg: EncoderConfig, params: Params, tokenizer: Tokenizer | None =
     return module.save(path, cfg, params, tokenizer)
   tensors, head = tensors_from_params(cfg, params)
   layout = module.LAYOUT
-  path.mkdir(parents=True, exist_ok=True)
   architecture = layout.head(head).architecture if head else layout.architecture
-  write_json(path / CONFIG, {"architectures": [architecture], **layout.hf_config(cfg)})
-  save_file(tensors, str(path / WEIGHTS), metadata={"format": "pt"})
+  config = {"architectures": [architecture], **layout.hf_config(cfg)}
+  return write_directory(path, cfg, config, tensors, tokenizer)
+
+
+def write_directory(path, cfg: EncoderConfig, config: Mapping[str, Any],
+                    tensors: Mapping[str, np.ndarray], tokenizer: Tokenizer | None = None
+                    ) -> pathlib.Path:
+  """Any family's directory: config.json, model.safetensors, 1_Pooling/config.json when
+  cfg pools other than by [CLS], and the tokenizer's files."""
+  path = pathlib.Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  write_json(path / CONFIG, config)
+  save_file(dict(tensors), str(path / WEIGHTS), metadata={"format": "pt"})
   if cfg.pooling != "cls":
     modes = {field: cfg.pooling == mode for mode, field in POOLING_MODES.items()}
     write_json(path / POOLING, {"word_embedding_dimension": cfg.emb_dim, **modes})

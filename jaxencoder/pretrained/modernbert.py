@@ -19,15 +19,14 @@ from typing import Any, Mapping
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import save_file
 
 from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import EMBEDDINGS, ENCODER, layer_name
 from jaxencoder.layout import loop_to_scan, scan_to_loop
-from jaxencoder.pretrained.bert_names import Slot, dense_slots, norm_slots
-from jaxencoder.pretrained.hf_checkpoint import (CONFIG, POOLING, POOLING_MODES, WEIGHTS,
-                                                 check_tensors, flatten, get, nest, read_json,
-                                                 read_tensors, sentence_pooling, write_json)
+from jaxencoder.pretrained.bert_names import Slot, config_mismatches, dense_slots, norm_slots
+from jaxencoder.pretrained.hf_checkpoint import (CONFIG, WEIGHTS, check_tensors, flatten, get,
+                                                 nest, read_json, read_tensors,
+                                                 sentence_pooling, write_directory)
 from jaxencoder.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -173,12 +172,7 @@ def check_modernbert_compatible(cfg: EncoderConfig) -> None:
             "norm_position": "pre", "first_attention_norm": False, "causal": False,
             "pooler_dense": False}
   wanted.update(embedding_dim=None, position_offset=0)
-  bad = [f"{k}={getattr(cfg, k)!r} (ModernBERT: {v!r})" for k, v in wanted.items()
-         if getattr(cfg, k) != v]
-  if cfg.activation not in OUR_ACTIVATIONS:
-    bad.append(f"activation={cfg.activation!r} (ModernBERT: one of {sorted(OUR_ACTIVATIONS)})")
-  if cfg.resolved_head_dim * cfg.num_heads != cfg.emb_dim:
-    bad.append(f"head_dim={cfg.resolved_head_dim} (ModernBERT: emb_dim / num_heads)")
+  bad = config_mismatches(cfg, "ModernBERT", wanted, OUR_ACTIVATIONS)
   if cfg.pooling == "attention":
     bad.append("pooling='attention' (ModernBERT: cls or mean)")
   if bad:
@@ -331,18 +325,9 @@ def save(path: pathlib.Path, cfg: EncoderConfig, params: Params,
   `params`: Encoder params (a ModernBertModel) or {"encoder", "mlm_head"} (a
   ModernBertForMaskedLM); looped or scanned, boxed or not.
   """
-  path = pathlib.Path(path)
   tensors, masked_lm = tensors_from_params(cfg, params)
-  path.mkdir(parents=True, exist_ok=True)
-  write_json(path / CONFIG, hf_config(cfg, masked_lm=masked_lm,
-                                      special_ids=special_token_ids(tokenizer)))
-  save_file(tensors, str(path / WEIGHTS), metadata={"format": "pt"})
-  if cfg.pooling != "cls":
-    modes = {field: cfg.pooling == mode for mode, field in POOLING_MODES.items()}
-    write_json(path / POOLING, {"word_embedding_dimension": cfg.emb_dim, **modes})
-  if tokenizer is not None:
-    tokenizer.save(path)
-  return path
+  config = hf_config(cfg, masked_lm=masked_lm, special_ids=special_token_ids(tokenizer))
+  return write_directory(path, cfg, config, tensors, tokenizer)
 
 
 def special_token_ids(tokenizer: Tokenizer | None) -> dict[str, int | None]:

@@ -23,7 +23,6 @@ from typing import Any, Mapping
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import save_file
 
 from jaxencoder.config import EncoderConfig
 from jaxencoder.embeddings import num_positions
@@ -135,15 +134,7 @@ def save(path: pathlib.Path, cfg: EncoderConfig, params: Params, tokenizer=None
   or max pooling). `params`: Encoder params or {"encoder": ...}, looped or scanned."""
   if tokenizer is not None:
     raise ValueError("a ViT checkpoint has no tokenizer; pass tokenizer=None")
-  path = pathlib.Path(path)
-  tensors = tensors_from_params(cfg, params)
-  path.mkdir(parents=True, exist_ok=True)
-  hf.write_json(path / hf.CONFIG, hf_config(cfg))
-  save_file(tensors, str(path / hf.WEIGHTS), metadata={"format": "pt"})
-  if cfg.pooling != "cls":
-    modes = {field: cfg.pooling == mode for mode, field in hf.POOLING_MODES.items()}
-    hf.write_json(path / hf.POOLING, {"word_embedding_dimension": cfg.emb_dim, **modes})
-  return path
+  return hf.write_directory(path, cfg, hf_config(cfg), tensors_from_params(cfg, params))
 
 
 def tensors_from_params(cfg: EncoderConfig, params: Params) -> dict[str, np.ndarray]:
@@ -187,12 +178,7 @@ def check_vit_compatible(cfg: EncoderConfig) -> None:
             "embedding_norm": False, "norm": "layernorm", "norm_position": "pre",
             "use_bias": True, "norm_bias": True, "first_attention_norm": True,
             "causal": False, "sliding_window": None}
-  bad = [f"{k}={getattr(cfg, k)!r} (ViT: {v!r})" for k, v in wanted.items()
-         if getattr(cfg, k) != v]
-  if cfg.activation not in names.OUR_ACTIVATIONS:
-    bad.append(f"activation={cfg.activation!r} (ViT: one of {sorted(names.OUR_ACTIVATIONS)})")
-  if cfg.resolved_head_dim * cfg.num_heads != cfg.emb_dim:
-    bad.append(f"head_dim={cfg.resolved_head_dim} (ViT: emb_dim / num_heads)")
+  bad = names.config_mismatches(cfg, "ViT", wanted)
   if cfg.pooling == "attention" or (cfg.pooling != "cls" and cfg.pooler_dense):
     bad.append(f"pooling={cfg.pooling!r} with pooler_dense={cfg.pooler_dense} (ViT: cls, "
                "with or without its pooler; mean/max without, via 1_Pooling)")
