@@ -1,35 +1,45 @@
-"""Input-pipeline throughput on the Shakespeare corpus: padded vs packed MLM batches.
+"""Input-pipeline throughput on the Shakespeare corpus: MLM batches, padded and packed,
+with token ids stored at prepare ("stored") or made at read time ("tokenise"), made by
+0, 1, 2, ... grain worker processes.
 
-  python -m jaxencoder.data fetch shakespeare --data-dir /tmp/jaxencoder_data
-  python bench/input_pipeline.py --data-dir /tmp/jaxencoder_data [--seq-len 128 --batch-size 32]
+  python -m jaxencoder.data fetch shakespeare --data-dir data
+  python bench/input_pipeline.py --data-dir data [--workers 0,1,2 --batches 200]
 
-Prints one JSON line, then a table. Tokens/s counts real (non-padding) tokens.
+Tokens/s counts real (non-padding) tokens. "per core" divides by the processes making
+batches (workers, or 1 for 0 workers: the caller); scaling is tokens/s over workers x
+the 1-worker tokens/s of the same mode. Prints one JSON line, then a table.
 """
 
 import argparse
 import json
+import os
 import time
 
-from jaxencoder.data.__main__ import shakespeare_source
-from jaxencoder.tokenizer import default_tokenizer_path
-from jaxencoder.data import pipeline
-from jaxencoder.tokenizer import Tokenizer
+from jaxencoder.data import builders, pipeline, sources
+from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
 
 
-def run(source, tok, mode, seq_len, batch_size, max_batches):
+def run(source, tok, ids, mode, workers, seq_len, batch_size, batches, warmup):
   ds = pipeline.mlm_pipeline(source, tok, seq_len=seq_len, batch_size=batch_size, mode=mode,
-                             seed=0, num_epochs=None, shard_index=0, shard_count=1)
+                             seed=0, num_epochs=None, shard_index=0, shard_count=1,
+                             workers=workers, use_stored_ids=ids == "stored")
   it = iter(ds)
-  next(it)  # warm-up
+  start = time.perf_counter()
+  for _ in range(warmup):  # worker start-up (spawned processes import jax) and queues
+    next(it)
+  ready = time.perf_counter() - start
   real = slots = 0
   start = time.perf_counter()
-  for _ in range(max_batches):
+  for _ in range(batches):
     mask = next(it)["attention_mask"]
     real, slots = real + int(mask.sum()), slots + mask.size
   secs = time.perf_counter() - start
-  return {"mode": mode, "batches": max_batches, "seconds": round(secs, 3),
-          "real_tokens_per_s": round(real / secs), "slots_per_s": round(slots / secs),
-          "batches_per_s": round(max_batches / secs, 2), "efficiency": round(real / slots, 4)}
+  if hasattr(it, "close"):
+    it.close()
+  return {"mode": mode, "workers": workers, "batches": batches, "seconds": round(secs, 3),
+          "startup_s": round(ready, 2), "real_tokens_per_s": round(real / secs),
+          "per_core": round(real / secs / max(workers, 1)),
+          "efficiency": round(real / slots, 4)}
 
 
 def main():
@@ -38,18 +48,35 @@ def main():
   parser.add_argument("--tokenizer", default=None)
   parser.add_argument("--seq-len", type=int, default=128)
   parser.add_argument("--batch-size", type=int, default=32)
-  parser.add_argument("--batches", type=int, default=100)
+  parser.add_argument("--batches", type=int, default=200)
+  parser.add_argument("--workers", default="0,1,2", help="comma-separated worker counts")
+  parser.add_argument("--ids", default="stored,tokenise", help="stored, tokenise or both")
   args = parser.parse_args()
-  tok = Tokenizer.from_file(args.tokenizer or default_tokenizer_path())
-  source = shakespeare_source(args.data_dir)
-  results = [run(source, tok, m, args.seq_len, args.batch_size, args.batches)
-             for m in ("pad", "pack")]
-  print(json.dumps({"seq_len": args.seq_len, "batch_size": args.batch_size,
-                    "examples": len(source), "results": results}))
-  print(f"{'mode':<6}{'batches/s':>11}{'real tok/s':>12}{'slots/s':>10}{'efficiency':>12}")
+  tok_path = args.tokenizer or str(default_tokenizer_path())
+  tok = Tokenizer.from_file(tok_path)
+  source = sources.open_source(str(builders.prepare_fetched(
+      "shakespeare", args.data_dir, tokenizer=tok_path)))
+  results = []
+  for ids in args.ids.split(","):
+    for mode in ("pad", "pack"):
+      for workers in map(int, args.workers.split(",")):
+        row = run(source, tok, ids, mode, workers, args.seq_len, args.batch_size,
+                  args.batches, warmup=max(10, 4 * workers))
+        results.append({"ids": ids, **row})
   for r in results:
-    print(f"{r['mode']:<6}{r['batches_per_s']:>11}{r['real_tokens_per_s']:>12}"
-          f"{r['slots_per_s']:>10}{r['efficiency']:>12}")
+    one = next((o for o in results if (o["ids"], o["mode"], o["workers"]) ==
+                (r["ids"], r["mode"], 1)), None)
+    r["scaling"] = (round(r["real_tokens_per_s"] / (r["workers"] * one["real_tokens_per_s"]), 3)
+                    if one and r["workers"] > 0 else None)
+  print(json.dumps({"seq_len": args.seq_len, "batch_size": args.batch_size,
+                    "cores": os.cpu_count(), "examples": len(source),
+                    "results": results}))
+  print(f"{'ids':<9}{'mode':<6}{'workers':>8}{'real tok/s':>12}{'per core':>10}{'scaling':>9}"
+        f"{'efficiency':>12}{'startup s':>11}")
+  for r in results:
+    print(f"{r['ids']:<9}{r['mode']:<6}{r['workers']:>8}{r['real_tokens_per_s']:>12}"
+          f"{r['per_core']:>10}{r['scaling'] if r['scaling'] is not None else '-':>9}"
+          f"{r['efficiency']:>12}{r['startup_s']:>11}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,14 @@ def dataclass_from_dict(cls, fields: dict[str, Any] | None, noun: str = "field")
   return cls(**fields)
 
 
+def image_stride_name(cfg) -> str:
+  """'patch_size=P', or with a strided stem 'patch_size=P x stem_stride=S^n = N'."""
+  if cfg.image_stride == cfg.patch_size:
+    return f"patch_size={cfg.patch_size}"
+  return (f"patch_size={cfg.patch_size} x stem_stride={cfg.stem_stride}^"
+          f"{len(cfg.stem_channels)} = {cfg.image_stride}")
+
+
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
   """Architecture of an encoder. Defaults describe BERT-base without its vocab.
@@ -55,6 +63,12 @@ class EncoderConfig:
   num_channels: int = 3
   use_cls_token: bool = True  # image/series: prepend a learned [CLS] vector
   input_features: int = 1  # series: F
+  # image: output channels of 3x3 convolutions (each with stride `stem_stride`, GELU) run
+  # before patchify, a convolutional stem (Xiao et al. 2021, "Early convolutions help
+  # transformers see better"); () is the plain ViT patch embedding. Patches of
+  # `patch_size` are then cut from the stem's output: one token per `image_stride` pixels.
+  stem_channels: tuple[int, ...] = ()
+  stem_stride: int = 1
 
   # Sizes.
   num_layers: int = 12
@@ -125,8 +139,9 @@ class EncoderConfig:
   family: str = "bert"
 
   def __post_init__(self):
-    if isinstance(self.image_size, list):
-      object.__setattr__(self, "image_size", tuple(self.image_size))
+    for name in ("image_size", "stem_channels"):
+      if isinstance(getattr(self, name), list):
+        object.__setattr__(self, name, tuple(getattr(self, name)))
     if self.input_kind == "image" and self.family == "bert":  # the default, on images
       object.__setattr__(self, "family", "vit")
     self._validate()
@@ -146,9 +161,14 @@ class EncoderConfig:
     return self.max_len - self.position_offset
 
   @property
+  def image_stride(self) -> int:
+    """Pixels per token along each side: patch_size x the stem's downsampling."""
+    return self.patch_size * self.stem_stride ** len(self.stem_channels)
+
+  @property
   def patch_grid(self) -> tuple[int, int]:
-    return (self.image_size[0] // self.patch_size,
-            self.image_size[1] // self.patch_size)
+    return (self.image_size[0] // self.image_stride,
+            self.image_size[1] // self.image_stride)
 
   @property
   def has_cls_token(self) -> bool:
@@ -189,7 +209,7 @@ class EncoderConfig:
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise ValueError(f"{name}={getattr(self, name)!r} is not one of {allowed}")
-    positive = ("num_layers", "emb_dim", "num_heads", "max_len", "patch_size",
+    positive = ("num_layers", "emb_dim", "num_heads", "max_len", "patch_size", "stem_stride",
                 "num_channels", "input_features", "vocab_size")
     for name in positive:
       if getattr(self, name) <= 0:
@@ -216,6 +236,9 @@ class EncoderConfig:
       raise ValueError(f"sliding_window must be >= 0, got {self.sliding_window}")
     if self.input_kind == "image":
       self._validate_image()
+    elif self.stem_channels:
+      raise ValueError(f"stem_channels={self.stem_channels} is for input_kind='image' "
+                       f"(got {self.input_kind!r})")
     if self.pooling == "cls" and not self.has_cls_token:
       raise ValueError("pooling='cls' needs a [CLS] vector: set use_cls_token=True "
                        "or choose pooling 'mean', 'max' or 'attention'")
@@ -242,9 +265,11 @@ class EncoderConfig:
       raise ValueError("first_attention_norm=False needs norm_position='pre'")
 
   def _validate_image(self) -> None:
+    if any(c <= 0 for c in self.stem_channels):
+      raise ValueError(f"stem_channels must be positive channel counts, got {self.stem_channels}")
     if len(self.image_size) != 2:
       raise ValueError(f"image_size must be (height, width), got {self.image_size}")
     for side in self.image_size:
-      if side % self.patch_size:
+      if side % self.image_stride:
         raise ValueError(f"image_size={self.image_size} is not divisible by "
-                         f"patch_size={self.patch_size}")
+                         f"{image_stride_name(self)}")

@@ -60,8 +60,8 @@ class Embeddings(nn.Module):
         x_BxLxD *= jnp.sqrt(cfg.emb_dim).astype(x_BxLxD.dtype)
     else:
       if cfg.input_kind == "image":
-        grid = (inputs.shape[1] // cfg.patch_size, inputs.shape[2] // cfg.patch_size)
-        inputs = patchify(inputs, cfg.patch_size)
+        grid = (inputs.shape[1] // cfg.image_stride, inputs.shape[2] // cfg.image_stride)
+        inputs = patchify(self._stem(inputs), cfg.patch_size)
       name = "patch_embed" if cfg.input_kind == "image" else "series_embed"
       x_BxLxD = dense(cfg, cfg.emb_dim, kernel_axes=(None, "embed"), name=name)(
           inputs.astype(dtype_of(cfg.dtype)))
@@ -82,6 +82,21 @@ class Embeddings(nn.Module):
     if cfg.embedding_dim is not None:  # ELECTRA: E-wide tables, projected to D
       x_BxLxD = dense(cfg, cfg.emb_dim, kernel_axes=(None, "embed"), name="project")(x_BxLxD)
     return x_BxLxD, attention_mask_BxL, segment_ids_BxL, positions_BxL
+
+  def _stem(self, images_BxHxWxC):
+    """The convolutional stem (cfg.stem_channels): [B, H, W, C] -> [B, H / s^n, W / s^n,
+    C_last] for n convolutions of stride s."""
+    cfg = self.cfg
+    x = images_BxHxWxC.astype(dtype_of(cfg.dtype))
+    he_init = nn.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
+    for i, channels in enumerate(cfg.stem_channels):
+      x = nn.Conv(channels, (3, 3), strides=cfg.stem_stride, padding="SAME", dtype=dtype_of(cfg.dtype),
+                  param_dtype=dtype_of(cfg.param_dtype),
+                  kernel_init=nn.with_logical_partitioning(he_init, (None, None, None, None)),
+                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
+                  name=f"stem_{i}")(x)
+      x = nn.gelu(x)
+    return x
 
   def _prepend_cls(self, x_BxLxD, attention_mask_BxL, segment_ids_BxL):
     cls_D = self.param("cls_token", kernel_init(self.cfg, ("embed",)), (self.cfg.emb_dim,),

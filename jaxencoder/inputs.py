@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.config import EncoderConfig, image_stride_name
 
 
 def _is_concrete(x) -> bool:
@@ -45,7 +45,7 @@ def check_inputs(cfg: EncoderConfig, inputs, attention_mask=None, token_type_ids
   elif cfg.input_kind == "image":
     _check_image(cfg, inputs)
     b, h, w, _ = inputs.shape
-    len_BxL = (b, (h // cfg.patch_size) * (w // cfg.patch_size))
+    len_BxL = (b, (h // cfg.image_stride) * (w // cfg.image_stride))
   else:
     _check_series(cfg, inputs)
     len_BxL = tuple(inputs.shape[:2])
@@ -89,8 +89,8 @@ def _check_image(cfg: EncoderConfig, images) -> None:
   _, h, w, c = images.shape
   if c != cfg.num_channels:
     raise ValueError(f"images have {c} channels but num_channels={cfg.num_channels}")
-  if h % cfg.patch_size or w % cfg.patch_size:
-    raise ValueError(f"image size {(h, w)} is not divisible by patch_size={cfg.patch_size}")
+  if h % cfg.image_stride or w % cfg.image_stride:
+    raise ValueError(f"image size {(h, w)} is not divisible by {image_stride_name(cfg)}")
   if cfg.position_embedding == "learned" and (h, w) != tuple(cfg.image_size):
     raise ValueError(f"image size {(h, w)} differs from image_size={tuple(cfg.image_size)}, "
                      "which fixes the learned position table")

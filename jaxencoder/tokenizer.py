@@ -110,6 +110,10 @@ class Tokenizer:
     # "wordpiece", "byte_level_bpe", else the model's type, e.g. "unigram".
     self.kind = "byte_level_bpe" if model == "bpe" and self.byte_level else model
 
+  def __reduce__(self):
+    """Pickles as its JSON definition (grain's worker processes get a copy)."""
+    return _from_json, (self.hf.to_str(),)
+
   @classmethod
   def from_file(cls, path, *, lowercase: bool | None = None,
                 strip_accents: bool | None = None) -> "Tokenizer":
@@ -256,6 +260,10 @@ class Tokenizer:
     vocab = sorted(self.hf.get_vocab().items(), key=lambda kv: kv[1])
     (out / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
     return out
+
+
+def _from_json(definition: str) -> Tokenizer:
+  return Tokenizer(tokenizers.Tokenizer.from_str(definition))
 
 
 def _encoding_arrays(enc: tokenizers.Encoding, length: int, pad_id: int) -> Batch:

@@ -44,7 +44,7 @@ def data_overrides(config, root: pathlib.Path) -> list[str]:
     source, extra = task_source(root, task), text
   elif kind == "image_arrays":  # 8 x 8 x 1 images, 3 classes
     source, extra = th.image_set(root), ["data.eval_split=test", "model.image_size=(8, 8)",
-                                         "model.patch_size=4", "model.num_channels=1"]
+                                         "model.patch_size=1", "model.num_channels=1"]  # the stem: 4x4 pixels a token
   elif kind == "time_series":  # 12 steps, 1 channel, 2 classes
     source, extra = th.series_set(root), ["data.eval_split=test", "data.seq_len=12",
                                           "model.input_features=1"]

@@ -48,7 +48,7 @@ def test_fetch_unpacks_the_texts_once_and_prints_where(tmp_path, monkeypatch, ca
 def test_fetch_of_an_unknown_source_is_a_usage_error(tmp_path, capsys):
   with pytest.raises(SystemExit) as exit_info:
     main(["fetch", "wikipedia", "--data-dir", str(tmp_path)])
-  assert exit_info.value.code == 2 and "invalid choice: 'wikipedia'" in capsys.readouterr().err
+  assert exit_info.value.code == 2 and "unknown source 'wikipedia'" in capsys.readouterr().err
 
 
 def test_prepare_writes_the_dataset_with_the_named_columns(tmp_path, capsys):

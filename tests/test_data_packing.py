@@ -1,5 +1,5 @@
-import grain
 import numpy as np
+import pytest
 
 from jaxencoder.data import packing
 
@@ -18,14 +18,21 @@ def _fix_types(exs):
   return exs
 
 
-def _packed_rows(exs, length, bins):
-  ds = grain.MapDataset.source(exs).to_iter_dataset()
-  return list(packing.pack(ds, length, KEYS, num_bins=bins))
+def _packed_rows(exs, length, chunk):
+  """pack_rows over consecutive chunks of `chunk` examples, as the MLM pipeline packs."""
+  rows = []
+  for start in range(0, len(exs), chunk):
+    part = exs[start:start + chunk]
+    lengths = np.array([len(e["input_ids"]) for e in part])
+    arrays = {k: np.stack([np.pad(e[k], (0, length - len(e[k]))) for e in part]) for k in KEYS}
+    packed = packing.pack_rows(arrays, lengths, length)
+    rows += [{k: v[r] for k, v in packed.items()} for r in range(len(packed["input_ids"]))]
+  return rows
 
 
 def test_packing_keeps_every_token_once_with_segments_and_positions():
   exs = _fix_types(_examples(200))
-  rows = _packed_rows(exs, 32, 8)
+  rows = _packed_rows(exs, 32, 32)
   recovered = []
   for row in rows:
     seg, pos, ids = row["segment_ids"], row["positions"], row["input_ids"]
@@ -43,7 +50,7 @@ def test_packing_keeps_every_token_once_with_segments_and_positions():
 
 def test_packing_beats_padding_on_efficiency():
   exs = _fix_types(_examples(300, seed=1))
-  packed = np.stack([r["attention_mask"] for r in _packed_rows(exs, 32, 8)])
+  packed = np.stack([r["attention_mask"] for r in _packed_rows(exs, 32, 64)])
   padded = np.stack([packing.pad_example(e, 32, KEYS)["attention_mask"] for e in exs])
   assert packed.sum() == padded.sum()
   assert packing.padding_efficiency(packed) > 0.9 > 0.5 > packing.padding_efficiency(padded)
@@ -55,3 +62,15 @@ def test_pad_example_sets_mask_segments_and_positions():
   assert out["input_ids"].tolist() == [2, 7, 3, 0, 0]
   assert out["attention_mask"].tolist() == out["segment_ids"].tolist() == [1, 1, 1, 0, 0]
   assert out["positions"].tolist() == [0, 1, 2, 0, 0]
+
+
+def test_first_fit_decreasing_places_the_longest_first_and_fills_gaps():
+  row_N, offset_N, rows = packing.first_fit(np.array([3, 6, 4, 2, 1]), 8)
+  # 6 -> row 0 [0, 6); 4 -> row 1 [0, 4); 3 -> row 1 [4, 7); 2 -> row 0 [6, 8); 1 -> row 1 [7, 8)
+  assert rows == 2
+  assert row_N.tolist() == [1, 0, 1, 0, 1] and offset_N.tolist() == [4, 0, 0, 6, 7]
+
+
+def test_a_sequence_longer_than_the_row_is_an_error():
+  with pytest.raises(ValueError, match="9 tokens does not fit length 8"):
+    packing.first_fit(np.array([3, 9]), 8)

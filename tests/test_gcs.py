@@ -268,3 +268,20 @@ def test_probe_reads_its_inputs_from_gcs_and_writes_the_report_there(gcs, tmp_pa
   assert report["data"]["level"] == "sentence" and "probe/out/probe_linear.png" in gcs.objects(
       "probe/out/")
   assert no_local_gs_dir(tmp_path)
+
+
+def test_token_ids_stored_on_gcs_give_the_tokenizers_rows(gcs, tmp_path):
+  from jaxencoder.data import token_ids
+  from jaxencoder.data.pipeline import read_examples
+  paragraphs = ["the cat sat", "a dog ran far away", "time flies like an arrow fruit banana"]
+  as_path(gcs.url("raw/a.txt")).write_text("\n\n".join(paragraphs) + "\n")
+  (tmp_path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+  out = builders.prepare("text_corpus", gcs.url("raw"), gcs.url("prepared"), name="t",
+                         tokenizer=str(tmp_path / "vocab.txt"))
+  assert "prepared/text_corpus/t/1.0.0/token_ids/train.ids.npy" in gcs.objects("prepared/")
+  src, tok = sources.open_source(str(out)), Tokenizer.from_vocab(VOCAB)
+  stored, _ = token_ids.stored(src, tok)
+  want = token_ids.encode_rows(read_examples(src, [0, 1, 2]), tok, 5)
+  for w, g in zip(want, stored.rows([0, 1, 2], 5, tok.pad_id)):
+    np.testing.assert_array_equal(g, w)
+  assert no_local_gs_dir()

@@ -78,6 +78,7 @@ def test_a_run_logs_throughput_consistent_with_its_batch(mlm_run):
     assert record["achieved_flops_per_s"] == pytest.approx(
         record["flops_per_step"] / record["step_time_s"])
     assert "mfu" not in record
+    assert 0.0 <= record["input_wait_fraction"] <= 1.0
 
 
 def test_only_an_enabled_writer_writes(tmp_path):

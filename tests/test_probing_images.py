@@ -140,13 +140,14 @@ def test_a_text_file_for_an_image_encoder_is_refused(vit_dir, tmp_path):
 
 
 def vit_fashion_mnist_tiny(root: pathlib.Path):
-  """configs/vit_fashion_mnist.py shrunk: 2 layers, 8x8 images, 4x4 patches, 3 steps."""
+  """configs/vit_fashion_mnist.py shrunk: 2 layers, 8x8 images, its stem (4x4 pixels a
+  token) and 1x1 patches, 3 steps."""
   spec = importlib.util.spec_from_file_location("vit_fm", REPO / "configs/vit_fashion_mnist.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config()
   config.model = th.model_config(encoder_config(config).replace(
-      image_size=(8, 8), patch_size=4, num_layers=2, emb_dim=32, num_heads=4, mlp_dim=64))
+      image_size=(8, 8), patch_size=1, num_layers=2, emb_dim=32, num_heads=4, mlp_dim=64))
   config.data.source, config.data.data_dir = th.image_set(root), str(root)
   config.num_classes = 3
   config.batch_size = config.eval_batch_size = 8

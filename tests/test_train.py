@@ -102,6 +102,27 @@ def test_rerun_resumes_and_matches_an_uninterrupted_run(corpus, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.slow
+def test_a_run_with_data_workers_resumes_to_the_params_of_a_run_without(corpus, tmp_path):
+  """2 grain worker processes, stopped at step 3 and resumed: the same batches, losses and
+  params as 8 steps made in the trainer's process (packed: the stateful path)."""
+  root, source, vocab = corpus
+  config = th.tiny_config(root, source, vocab)
+  config.num_train_steps, config.optim.total_steps = 8, 8
+  config.data.packing = "pack"
+  config.data.workers = 0
+  train_and_evaluate(config, tmp_path / "straight")
+  config.data.workers = 2
+  config.num_train_steps = 3
+  train_and_evaluate(config, tmp_path / "workers")
+  config.num_train_steps = 8
+  train_and_evaluate(config, tmp_path / "workers")
+  np.testing.assert_array_equal(train_losses(tmp_path / "workers"),
+                                train_losses(tmp_path / "straight"))
+  a, b = (final_params(config, tmp_path / d) for d in ("straight", "workers"))
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
 @pytest.mark.mesh
 def test_losses_equal_across_meshes_on_8_devices(corpus):
   """The default config's task and optimizer on 1 device and on 8 as data/fsdp/tensor/mixed."""

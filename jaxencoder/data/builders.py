@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from jaxencoder.data import readers, shakespeare_tasks
+from jaxencoder.data import readers, shakespeare_tasks, token_ids
 from jaxencoder.io import paths
 
 log = logging.getLogger("jaxencoder")
@@ -60,12 +60,15 @@ class SourceConfig(tfds.core.BuilderConfig):
   text_b_column: str | None = None
   label_column: str = "label"
   header: bool = True
+  # text_corpus: also store each example's token ids (data/token_ids.py) made by this
+  # tokenizer (a vocab.txt / tokenizer.json / directory); fingerprinted by content.
+  tokenizer: str | None = None
 
   def columns(self) -> readers.Columns:
     return readers.Columns(self.text_column, self.text_b_column, self.label_column, self.header)
 
   def options(self) -> dict:
-    base = {f.name for f in dataclasses.fields(tfds.core.BuilderConfig)} | {"source"}
+    base = {f.name for f in dataclasses.fields(tfds.core.BuilderConfig)} | {"source", "tokenizer"}
     return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
             if f.name not in base}
 
@@ -345,6 +348,8 @@ def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bo
   """
   if kind not in BUILDERS:
     raise ValueError(f"unknown kind {kind!r}; choose from {sorted(BUILDERS)}")
+  if options.get("tokenizer") and kind != "text_corpus":
+    raise ValueError(f"tokenizer: token ids are stored for text_corpus, not {kind}")
   config = SourceConfig(name=name, source=str(source), **options)
   out = paths.as_path(data_dir) / kind / name / VERSION
   stamp = fingerprint(kind, config)
@@ -359,6 +364,8 @@ def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bo
     paths.make_dirs(staging)  # same file system as `out`: the swap is two renames
   with tempfile.TemporaryDirectory(dir=staging, prefix=".prepare-") as tmp:
     built = _build(kind, config, tmp)
+    if config.tokenizer:
+      token_ids.write(built, load_tokenizer(config.tokenizer))
     (built / FINGERPRINT).write_text(json.dumps(stamp, indent=1) + "\n")
     _replace(out, built, trash=pathlib.Path(tmp) / "replaced")
   return out
@@ -366,9 +373,18 @@ def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bo
 
 def fingerprint(kind: str, config: SourceConfig) -> dict:
   """What a dataset is built from: builder, options, and each input file's sha256."""
-  return {"kind": kind, "version": VERSION, "keys": KEYS, "options": config.options(),
-          "files": {relative_to(f, config.source, fallback=epath.Path(f).name): _sha256(f)
-                    for f in BUILDERS[kind].inputs(config)}}
+  stamp = {"kind": kind, "version": VERSION, "keys": KEYS, "options": config.options(),
+           "files": {relative_to(f, config.source, fallback=epath.Path(f).name): _sha256(f)
+                     for f in BUILDERS[kind].inputs(config)}}
+  if config.tokenizer:
+    stamp["tokenizer"] = {"path": str(config.tokenizer),
+                          "sha256": token_ids.tokenizer_digest(load_tokenizer(config.tokenizer))}
+  return stamp
+
+
+def load_tokenizer(path):
+  from jaxencoder.tokenizer import Tokenizer
+  return Tokenizer.from_file(path)
 
 
 def relative_to(path, root, fallback: str | None = None) -> str:
@@ -400,6 +416,11 @@ def stale(out: epath.Path, stamp: dict) -> str | None:
              if options.get(k) != v]
   if changed:
     return f"options changed ({'; '.join(changed)})"
+  old_digest = (old.get("tokenizer") or {}).get("sha256")
+  new_digest = (stamp.get("tokenizer") or {}).get("sha256")
+  if old_digest != new_digest:
+    return ("token ids " + ("no longer wanted" if new_digest is None else
+                            "made by another tokenizer" if old_digest else "wanted"))
   if old.get("keys") != stamp["keys"]:
     return "example keys changed (prepared by an older jaxencoder)"
   return None
@@ -479,10 +500,11 @@ def fetched(name) -> tuple[str, dict] | None:
   return ("time_series", {}) if isinstance(name, str) and fetch.is_ucr_set(name) else None
 
 
-def prepare_fetched(name: str, data_dir) -> epath.Path:
+def prepare_fetched(name: str, data_dir, tokenizer: str | None = None) -> epath.Path:
   """Prepares an already fetched source under data_dir/tfds (cached); its dataset dir.
 
-  A UCR/UEA set `ucr/<NAME>` lands in tfds/time_series/ucr_<NAME>.
+  A UCR/UEA set `ucr/<NAME>` lands in tfds/time_series/ucr_<NAME>. `tokenizer`: a text
+  corpus also stores its token ids (rebuilt when the tokenizer's content changes).
   """
   from jaxencoder.data import fetch
   entry = fetched(name)
@@ -492,4 +514,6 @@ def prepare_fetched(name: str, data_dir) -> epath.Path:
   kind, options = entry
   raw = fetch.require(name, data_dir)
   dataset = name if name in FETCHED else f"ucr_{raw.name}"
+  if tokenizer and kind == "text_corpus":
+    options = {**options, "tokenizer": str(tokenizer)}
   return prepare(kind, raw, paths.as_path(data_dir) / "tfds", name=dataset, **options)

@@ -1,8 +1,16 @@
-"""BERT masked-language-model corruption of one token sequence (pure numpy)."""
+"""BERT masked-language-model corruption of whole batches of token rows (pure numpy).
+
+Which tokens are chosen and what they become depend only on three uniform draws per
+token. `mask_batch` takes them from `counter_uniforms`: a hash of (seed, stream, example
+index, position), so a row's mask is the same whatever batch, process or worker holds it,
+and a resumed pipeline re-draws exactly the same masks. `mask_tokens` does one row from a
+numpy Generator.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import numpy as np
 
@@ -19,57 +27,94 @@ class MaskSpec:
   whole_word: bool = False
 
 
-def _choose(candidates_N, groups_N, n_pick, rng) -> np.ndarray:
-  """Positions to corrupt: `n_pick` tokens, or whole groups (words) until ≥ n_pick tokens."""
-  if groups_N is None:
-    return rng.choice(candidates_N, size=n_pick, replace=False)
-  words = np.unique(groups_N)
-  picked, total = [], 0
-  for w in rng.permutation(words):
-    if total >= n_pick:
-      break
-    members = candidates_N[groups_N == w]
-    picked.append(members)
-    total += len(members)
-  return np.concatenate(picked) if picked else np.zeros(0, np.int64)
+# Streams of uniform draws: which tokens (or words) are chosen, what each becomes, the
+# random replacement id.
+CHOOSE, ACTION, REPLACEMENT = 0, 1, 2
+Uniforms = Callable[[int], np.ndarray]  # stream -> [B, L] floats in [0, 1)
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+  """splitmix64's finaliser: a bijection of uint64 that scatters nearby inputs."""
+  x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  return x ^ (x >> np.uint64(31))
+
+
+def counter_uniforms(seed: int, example_index_B: np.ndarray, length: int) -> Uniforms:
+  """Draws for rows whose global example indices are `example_index_B`: stream s gives
+  [B, length] floats in [0, 1), a pure function of (seed, s, example index, position)."""
+  rows = np.asarray(example_index_B, np.uint64)[:, None]
+  cols = np.arange(length, dtype=np.uint64)[None, :]
+  def draw(stream: int) -> np.ndarray:
+    with np.errstate(over="ignore"):
+      key = _mix64(np.uint64(seed) * _GOLDEN + np.uint64(stream + 1))
+      x = _mix64(_mix64(key ^ (rows * _GOLDEN)) + cols)
+    return (x >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+  return draw
+
+
+def mask_batch(input_ids_BxL: np.ndarray, spec: MaskSpec, uniforms: Uniforms,
+               word_ids_BxL: np.ndarray | None = None) -> dict[str, np.ndarray]:
+  """Corrupts round(rate · n) of each row's n non-special tokens (at least 1; pads are
+  special), chosen uniformly; with `spec.whole_word`, whole words (all sub-words with one
+  `word_ids_BxL` value) in random order until that many tokens are chosen.
+
+  Returns `input_ids` (corrupted), `mlm_labels` (the original ids) and `mlm_weights`
+  (1.0 where a token was chosen, else 0.0), all [B, L].
+  """
+  ids_BxL = np.asarray(input_ids_BxL, np.int32)
+  b, length = ids_BxL.shape
+  candidate_BxL = ~np.isin(ids_BxL, np.asarray(spec.special_ids, np.int32))
+  n_candidates_B = candidate_BxL.sum(axis=1)
+  n_pick_B = np.round(spec.rate * n_candidates_B).astype(np.int64)
+  if spec.rate > 0:
+    n_pick_B = np.where(n_candidates_B > 0, np.maximum(n_pick_B, 1), 0)
+
+  score_BxL = uniforms(CHOOSE)
+  if spec.whole_word:
+    if word_ids_BxL is None:
+      raise ValueError("whole-word masking needs word_ids")
+    # Every sub-word of word w takes draw w: a word's tokens share one score.
+    words_BxL = np.clip(np.asarray(word_ids_BxL), 0, length - 1)
+    score_BxL = np.take_along_axis(score_BxL, words_BxL, axis=1)
+  score_BxL = np.where(candidate_BxL, score_BxL, np.inf)
+  order_BxL = np.argsort(score_BxL, axis=1, kind="stable")
+  sorted_BxL = np.take_along_axis(score_BxL, order_BxL, axis=1)
+  # A group (word, or token) is taken when fewer than n_pick tokens come before it.
+  starts = np.ones((b, length), bool)
+  starts[:, 1:] = sorted_BxL[:, 1:] != sorted_BxL[:, :-1]
+  group_start_BxL = np.maximum.accumulate(np.where(starts, np.arange(length), 0), axis=1)
+  chosen_sorted = (group_start_BxL < n_pick_B[:, None]) & np.isfinite(sorted_BxL)
+  chosen_BxL = np.zeros((b, length), bool)
+  np.put_along_axis(chosen_BxL, order_BxL, chosen_sorted, axis=1)
+
+  action_BxL = uniforms(ACTION)  # < mask_frac: [MASK]; next random_frac: random; else kept
+  to_mask = chosen_BxL & (action_BxL < spec.mask_frac)
+  to_random = chosen_BxL & (action_BxL >= spec.mask_frac) & (
+      action_BxL < spec.mask_frac + spec.random_frac)
+  out_BxL = np.where(to_mask, np.int32(spec.mask_id), ids_BxL)
+  out_BxL = np.where(to_random, _random_tokens(uniforms(REPLACEMENT), spec), out_BxL)
+  return {"input_ids": out_BxL.astype(np.int32), "mlm_labels": ids_BxL,
+          "mlm_weights": chosen_BxL.astype(np.float32)}
 
 
 def mask_tokens(input_ids_L: np.ndarray, spec: MaskSpec, rng: np.random.Generator,
                 word_ids_L: np.ndarray | None = None) -> dict[str, np.ndarray]:
-  """Corrupts round(rate · n) of the n non-special tokens (pads are special).
-
-  Returns `input_ids` (corrupted), `mlm_labels` (the original ids) and
-  `mlm_weights` (1.0 where a token was chosen, else 0.0), all [L]. With
-  `spec.whole_word`, all sub-words of a chosen word (same `word_ids_L`) go together.
-  """
-  ids_L = np.asarray(input_ids_L, np.int32)
-  is_special_L = np.isin(ids_L, np.asarray(spec.special_ids, np.int32))
-  candidates_N = np.flatnonzero(~is_special_L)
-  n_pick = int(round(spec.rate * len(candidates_N)))
-  if len(candidates_N) and spec.rate > 0:
-    n_pick = max(n_pick, 1)
-  groups_N = None
-  if spec.whole_word:
-    if word_ids_L is None:
-      raise ValueError("whole-word masking needs word_ids")
-    groups_N = np.asarray(word_ids_L)[candidates_N]
-  chosen = _choose(candidates_N, groups_N, n_pick, rng)
-
-  out_L = ids_L.copy()
-  action = rng.random(len(chosen))  # < mask_frac: [MASK]; next random_frac: random; else keep
-  to_mask = chosen[action < spec.mask_frac]
-  to_random = chosen[(action >= spec.mask_frac) & (action < spec.mask_frac + spec.random_frac)]
-  out_L[to_mask] = spec.mask_id
-  out_L[to_random] = _random_tokens(len(to_random), spec, rng)
-  weights_L = np.zeros(ids_L.shape, np.float32)
-  weights_L[chosen] = 1.0
-  return {"input_ids": out_L, "mlm_labels": ids_L, "mlm_weights": weights_L}
+  """`mask_batch` of one row [L], its draws from `rng`."""
+  ids_1xL = np.asarray(input_ids_L, np.int32)[None]
+  draws = [rng.random(ids_1xL.shape) for _ in range(3)]
+  words = None if word_ids_L is None else np.asarray(word_ids_L)[None]
+  out = mask_batch(ids_1xL, spec, lambda stream: draws[stream], words)
+  return {k: v[0] for k, v in out.items()}
 
 
-def _random_tokens(n: int, spec: MaskSpec, rng) -> np.ndarray:
-  """n ids drawn uniformly from the non-special vocabulary."""
+def _random_tokens(uniform: np.ndarray, spec: MaskSpec) -> np.ndarray:
+  """Ids drawn uniformly from the non-special vocabulary, one per uniform."""
   specials = np.sort(np.asarray(spec.special_ids, np.int64))
-  draw = rng.integers(0, spec.vocab_size - len(specials), size=n)
+  draw = np.minimum((uniform * (spec.vocab_size - len(specials))).astype(np.int64),
+                    spec.vocab_size - len(specials) - 1)
   for s in specials:  # shift past each special id: a bijection onto non-special ids
     draw = draw + (draw >= s)
   return draw.astype(np.int32)

@@ -94,7 +94,8 @@ def pair_word_ids(word_ids_L: np.ndarray, token_type_ids_L: np.ndarray) -> np.nd
 def pair_pipeline(source, tokenizer, objective: str, *, seq_len: int, batch_size: int,
                   mask: mlm_lib.MaskSpec, seed: int = 0, num_epochs: int | None = 1,
                   shard_index: int | None = None, shard_count: int | None = None,
-                  drop_remainder: bool = False, num_threads: int = 0) -> grain.IterDataset:
+                  drop_remainder: bool = False, num_threads: int = 0,
+                  workers: int = 0) -> grain.IterDataset:
   """Masked sentence-pair batches (padded; see the module docstring) from a text corpus."""
   maker = PairMaker(source, objective)
   tokenize = pipeline.tokenize_fn(tokenizer, seq_len, "text", "text_b")
@@ -103,15 +104,11 @@ def pair_pipeline(source, tokenizer, objective: str, *, seq_len: int, batch_size
     ex = tokenize(maker(int(k), rng))
     word_ids = pair_word_ids(ex["word_ids"], ex["token_type_ids"])
     ex.update(mlm_lib.mask_tokens(ex["input_ids"], mask, rng, word_ids))
-    return {**{key: ex[key] for key in pipeline.MLM_KEYS}, "pair_labels": ex["pair_labels"]}
-
-  def pad(ex):
-    padded = packing.pad_example(ex, seq_len, pipeline.MLM_KEYS, tokenizer.pad_id)
-    return {**padded, "example_weights": np.float32(1.0)}
+    padded = packing.pad_example({key: ex[key] for key in pipeline.MLM_KEYS}, seq_len,
+                                 pipeline.MLM_KEYS, tokenizer.pad_id)
+    return {**padded, "pair_labels": ex["pair_labels"], "example_weights": np.float32(1.0)}
 
   ds = pipeline.examples(np.arange(len(maker)), seed=seed, num_epochs=num_epochs)
-  ds = pipeline.shard(ds.random_map(row, seed=seed), batch_size, shard_index, shard_count)
-  it = ds.to_iter_dataset(pipeline.read_options(num_threads)).map(pad)
-  return it.batch(batch_size, drop_remainder=drop_remainder,
-                  batch_fn=pipeline.stack_fill(batch_size))
+  return pipeline.batches(ds.random_map(row, seed=seed), batch_size, drop_remainder,
+                          num_threads, shard_index, shard_count, workers)
 

@@ -29,6 +29,12 @@ batch k holds elements k*b*n .. k*b*n + b*n - 1, and process p reads the b of th
 at offset p*b (disjoint, complete). So the global batches, MLM masks included
 (seeded by global index), are the same for any number of processes. The shard
 defaults to jax.process_index() / jax.process_count().
+
+Workers: every pipeline is a random-access dataset of whole batches (batch k is a pure
+function of k), read through `workers` grain processes (`mp_prefetch`; 0 reads in the
+caller). Worker w makes batches w, w + n, ...; they come back in order, so the batches
+are the same for any number of workers, and the iterator's state resumes exactly.
+Packing is the one stateful step: it runs after the workers, in the caller.
 """
 
 from __future__ import annotations
@@ -37,9 +43,10 @@ from collections.abc import Sequence
 
 import grain
 import numpy as np
+from grain import experimental as grain_exp
 
 from jaxencoder.data import mlm as mlm_lib
-from jaxencoder.data import packing, records
+from jaxencoder.data import packing, records, token_ids
 from jaxencoder.data.readers import DataError
 
 TEXT_KEYS = ("input_ids", "token_type_ids")
@@ -124,14 +131,44 @@ def read_options(num_threads: int) -> grain.ReadOptions:
   return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=max(1, 64 * num_threads))
 
 
-def _iter_batches(ds: grain.MapDataset, batch_size, drop_remainder, num_threads,
-                  shard_index=None, shard_count=None):
+def in_workers(batches: grain.MapDataset, num_threads: int = 0,
+               workers: int = 0) -> grain.IterDataset:
+  """Iterates a dataset of whole batches, made by `workers` processes (0: in the caller)."""
+  it = batches.to_iter_dataset(read_options(num_threads))
+  if workers > 0:
+    from absl import flags  # grain's workers read its absl flags: defaults outside an app
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()
+    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,
+                                                     per_worker_buffer_size=2))
+  return it
+
+
+def batches(ds: grain.MapDataset, batch_size, drop_remainder, num_threads,
+                  shard_index=None, shard_count=None, workers: int = 0) -> grain.IterDataset:
+  """Per-example `ds` → this process's batches, made in `workers` processes."""
   ds = shard(ds, batch_size, shard_index, shard_count)
-  return _batch(ds.to_iter_dataset(read_options(num_threads)), batch_size, drop_remainder)
+  batches = ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=stack_fill(batch_size))
+  return in_workers(batches, num_threads, workers)
 
 
 def _batch(ds: grain.IterDataset, batch_size: int, drop_remainder: bool) -> grain.IterDataset:
   return ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=stack_fill(batch_size))
+
+
+def chunk_indices(total: int, rows: int, *, drop_remainder: bool = False,
+                  shard_index: int | None = None,
+                  shard_count: int | None = None) -> grain.MapDataset:
+  """Chunk k: the global element indices [rows] of this process's rows of global batch k
+  (`rows` per process); -1 past `total` (fill rows). `drop_remainder` drops a final
+  partial global batch."""
+  index, count = _shard(shard_index, shard_count)
+  block = rows * count
+  num = total // block if drop_remainder else -(-total // block)
+  def element(k):
+    e_R = int(k) * block + index * rows + np.arange(rows, dtype=np.int64)
+    return np.where(e_R < total, e_R, -1)
+  return grain.MapDataset.range(num).map(element)
 
 
 def check_ids(ds: grain.IterDataset, limits: dict[str, tuple[int, str]],
@@ -156,35 +193,97 @@ def check_ids(ds: grain.IterDataset, limits: dict[str, tuple[int, str]],
   return ds.map(check)
 
 
+def default_mask(tokenizer) -> mlm_lib.MaskSpec:
+  """BERT's 15% / 80-10-10 over the tokenizer's vocab."""
+  return mlm_lib.MaskSpec(tokenizer.vocab_size, tokenizer.mask_id,
+                          tuple(int(i) for i in tokenizer.special_ids))
+
+
+def read_examples(source, indices) -> list:
+  """Examples `indices` of `source`, in one read where the source can (`__getitems__`)."""
+  read = getattr(source, "__getitems__", None)
+  return list(read(indices)) if read else [source[i] for i in indices]
+
+
 def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str = "pad",
                  mask: mlm_lib.MaskSpec | None = None, seed: int = 0,
                  num_epochs: int | None = 1, shard_index: int | None = None,
-                 shard_count: int | None = None, pack_bins: int | None = None,
+                 shard_count: int | None = None, pack_examples: int | None = None,
                  drop_remainder: bool = False, num_threads: int = 0,
-                 text_key: str = "text") -> grain.IterDataset:
+                 text_key: str = "text", workers: int = 0,
+                 use_stored_ids: bool = True) -> grain.IterDataset:
   """Masked-LM batches from a text source; `mode` "pad" or "pack" (segment_ids, positions).
 
-  `mask` defaults to BERT's 15% / 80-10-10 over the tokenizer's vocab; pass
-  `MaskSpec(..., rate=0.0)` to get plain tokens.
+  Whole chunks of examples are read, tokenised (or their stored ids taken: `token_ids`),
+  masked (`mlm.mask_batch`, draws keyed by each example's global index) and padded, or
+  packed (`packing.pack_rows`, `pack_examples` sequences at a time, default 4 x
+  batch_size), with numpy, in `workers` processes. `mask` defaults to BERT's 15% /
+  80-10-10 over the tokenizer's vocab; pass `MaskSpec(..., rate=0.0)` for plain tokens.
+  `use_stored_ids=False` tokenises even where the source stores ids.
   """
   if mode not in ("pad", "pack"):
     raise ValueError(f"mode must be 'pad' or 'pack', got {mode!r}")
-  mask = mask or mlm_lib.MaskSpec(tokenizer.vocab_size, tokenizer.mask_id,
-                                  tuple(int(i) for i in tokenizer.special_ids))
-  ds = examples(source, seed=seed, num_epochs=num_epochs)
-  ds = ds.map(tokenize_fn(tokenizer, seq_len, text_key))
+  mask = mask or default_mask(tokenizer)
+  stored = token_ids.stored(source, tokenizer) if use_stored_ids else None
+  order = grain.MapDataset.range(len(source))
+  if seed is not None:
+    order = order.shuffle(seed=seed)
+  order = order.repeat(num_epochs)
+  pad_id = tokenizer.pad_id
+  chunk_rows = batch_size if mode == "pad" else (pack_examples or 4 * batch_size)
 
-  def corrupt(ex, rng):
-    ex.update(mlm_lib.mask_tokens(ex["input_ids"], mask, rng, ex["word_ids"]))
-    return {k: ex[k] for k in MLM_KEYS}
+  def chunk(e_R):
+    real_R = e_R >= 0
+    index_N = np.array([order[int(e)] for e in e_R[real_R]], np.int64)
+    if stored is not None:
+      ids, record_index = stored
+      ids_NxL, words_NxL, lengths_N = ids.rows(
+          index_N if record_index is None else record_index[index_N], seq_len, pad_id)
+    else:
+      ids_NxL, words_NxL, lengths_N = token_ids.encode_rows(
+          read_examples(source, index_N.tolist()), tokenizer, seq_len, text_key)
+    draws = mlm_lib.counter_uniforms(seed or 0, e_R[real_R], seq_len)
+    out = mlm_lib.mask_batch(ids_NxL, mask, draws, words_NxL)
+    if mode == "pad":
+      return _padded_rows(out, lengths_N, real_R, seq_len)
+    packed = packing.pack_rows({k: out[k] for k in ("input_ids", "mlm_labels", "mlm_weights")},
+                               lengths_N, seq_len)
+    packed["input_ids"][packed["attention_mask"] == 0] = pad_id
+    packed["token_type_ids"] = np.zeros_like(packed["input_ids"])
+    return packed  # [R, L] arrays: a few large ones cross from a worker cheaply
 
-  ds = shard(ds.random_map(corrupt, seed=seed), batch_size, shard_index, shard_count)
-  it = ds.to_iter_dataset(read_options(num_threads))
-  if mode == "pack":
-    it = packing.pack(it, seq_len, MLM_KEYS, num_bins=pack_bins or batch_size, seed=seed)
-  else:
-    it = it.map(lambda ex: packing.pad_example(ex, seq_len, MLM_KEYS, tokenizer.pad_id))
-  return _batch(it, batch_size, drop_remainder)
+  chunks = chunk_indices(len(order), chunk_rows, drop_remainder=drop_remainder and mode == "pad",
+                         shard_index=shard_index, shard_count=shard_count).map(chunk)
+  it = in_workers(chunks, num_threads, workers)
+  if mode == "pad":
+    return it
+  rows = grain_exp.FlatMapIterDataset(it, _Unchunk(max_fan_out=chunk_rows))
+  return _batch(rows, batch_size, drop_remainder)
+
+
+class _Unchunk(grain_exp.FlatMapTransform):
+  """A chunk's packed [R, L] arrays → its R rows, one element each."""
+
+  def __init__(self, max_fan_out: int):
+    self.max_fan_out = max_fan_out
+
+  def flat_map(self, rows):
+    return [{k: v[r] for k, v in rows.items()} for r in range(len(rows["input_ids"]))]
+
+
+def _padded_rows(masked: dict, lengths_N, real_R, seq_len: int) -> dict:
+  """[R, L] MLM batch: the N real rows where `real_R`, all-zero fill rows elsewhere."""
+  real_NxL = np.arange(seq_len)[None, :] < lengths_N[:, None]
+  rows = {"input_ids": masked["input_ids"], "mlm_labels": np.where(real_NxL, masked["mlm_labels"], 0),
+          "mlm_weights": masked["mlm_weights"], "attention_mask": real_NxL.astype(np.int32),
+          "segment_ids": real_NxL.astype(np.int32),
+          "positions": np.where(real_NxL, np.arange(seq_len), 0).astype(np.int32)}
+  out = {}
+  for k, v in rows.items():
+    out[k] = np.zeros((len(real_R), seq_len), v.dtype)
+    out[k][real_R] = v
+  out["token_type_ids"] = np.zeros((len(real_R), seq_len), np.int32)
+  return out
 
 
 def classification_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
@@ -192,7 +291,7 @@ def classification_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
                             shard_index=None, shard_count=None, drop_remainder: bool = False,
                             num_threads: int = 0, text_key: str = "text",
                             text_b_key: str | None = "text_b",
-                            label_key: str = "label") -> grain.IterDataset:
+                            label_key: str = "label", workers: int = 0) -> grain.IterDataset:
   """Sequence(-pair) classification: padded token batches plus `labels` [B]."""
   ds = examples(source, seed=seed, num_epochs=num_epochs)
   tok = tokenize_fn(tokenizer, seq_len, text_key, text_b_key)
@@ -203,8 +302,8 @@ def classification_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
     return {**{k: row[k] for k in packing_keys()}, "labels": np.int32(ex[label_key]),
             "example_weights": np.float32(1.0)}
 
-  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads,
-                       shard_index, shard_count)
+  return batches(ds.map(features), batch_size, drop_remainder, num_threads,
+                       shard_index, shard_count, workers)
 
 
 def packing_keys() -> tuple[str, ...]:
@@ -224,7 +323,7 @@ def align_word_labels(first_subword_W: np.ndarray, tags_W: np.ndarray, length: i
 def tagging_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
                      seed: int | None = 0, num_epochs: int | None = 1, shard_index=None,
                      shard_count=None, drop_remainder: bool = False,
-                     num_threads: int = 0) -> grain.IterDataset:
+                     num_threads: int = 0, workers: int = 0) -> grain.IterDataset:
   """Word-level tagging (`words`, `tags`): labels on first sub-words, weight 0 elsewhere.
 
   Words cut off by truncation to `seq_len` get no label (weight 0).
@@ -241,15 +340,15 @@ def tagging_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
     return {**{k: row[k] for k in packing_keys()}, "labels": labels_L,
             "label_weights": weights_L}
 
-  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads,
-                       shard_index, shard_count)
+  return batches(ds.map(features), batch_size, drop_remainder, num_threads,
+                       shard_index, shard_count, workers)
 
 
 def records_pipeline(source, tokenizer, *, task: str, seq_len: int, batch_size: int,
                      num_labels: int | None = None, index_examples: bool = False,
                      seed: int | None = 0, num_epochs: int | None = 1, shard_index=None,
                      shard_count=None, drop_remainder: bool = False,
-                     num_threads: int = 0) -> grain.IterDataset:
+                     num_threads: int = 0, workers: int = 0) -> grain.IterDataset:
   """text_records batches for `task` (columns and arrays: data/records.py);
   `index_examples` adds `example_index` [B], each row's place in `source`."""
   ds = grain.MapDataset.source(source)
@@ -259,30 +358,52 @@ def records_pipeline(source, tokenizer, *, task: str, seq_len: int, batch_size: 
     ds = ds.shuffle(seed=seed)
   ds = ds.repeat(num_epochs).map(records.features(task, tokenizer, seq_len,
                                                   num_labels=num_labels))
-  return _iter_batches(ds, batch_size, drop_remainder, num_threads, shard_index, shard_count)
+  return batches(ds, batch_size, drop_remainder, num_threads, shard_index,
+                       shard_count, workers)
 
 
 def image_pipeline(source, *, batch_size: int, mean: float = 0.5, std: float = 0.5,
                    seed: int | None = 0, num_epochs: int | None = 1, shard_index=None,
                    shard_count=None, drop_remainder: bool = False,
-                   num_threads: int = 0) -> grain.IterDataset:
-  """uint8 `image` [H, W(, C)] → `images` float32 [H, W, C] = (x/255 - mean) / std."""
+                   num_threads: int = 0, workers: int = 0, random_flip: bool = False,
+                   random_shift: int = 0) -> grain.IterDataset:
+  """uint8 `image` [H, W(, C)] → `images` float32 [H, W, C] = (x/255 - mean) / std.
+
+  Augmentation (train): `random_flip` mirrors half the images left-right; `random_shift`
+  moves each by up to that many pixels along each axis (vacated pixels 0, i.e. black).
+  """
   ds = examples(source, seed=seed, num_epochs=num_epochs)
 
-  def features(ex):
+  def features(ex, rng=None):
     x = np.asarray(ex["image"], np.float32) / 255.0
     x_HxWxC = x[..., None] if x.ndim == 2 else x
+    if rng is not None:
+      x_HxWxC = augment_image(x_HxWxC, rng, random_flip, random_shift)
     return {"images": (x_HxWxC - mean) / std, "labels": np.int32(ex["label"]),
             "example_weights": np.float32(1.0)}
 
-  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads,
-                       shard_index, shard_count)
+  ds = ds.random_map(features, seed=seed or 0) if random_flip or random_shift else ds.map(features)
+  return batches(ds, batch_size, drop_remainder, num_threads, shard_index, shard_count, workers)
+
+
+def augment_image(x_HxWxC: np.ndarray, rng: np.random.Generator, flip: bool,
+                  shift: int) -> np.ndarray:
+  """A left-right mirror with probability 1/2 (`flip`), then a shift by up to `shift`
+  pixels along each axis, vacated pixels 0."""
+  if flip and rng.random() < 0.5:
+    x_HxWxC = x_HxWxC[:, ::-1]
+  if shift:
+    h, w = x_HxWxC.shape[:2]
+    dy, dx = rng.integers(-shift, shift + 1, size=2)
+    padded = np.pad(x_HxWxC, ((shift, shift), (shift, shift), (0, 0)))
+    x_HxWxC = padded[shift - dy: shift - dy + h, shift - dx: shift - dx + w]
+  return np.ascontiguousarray(x_HxWxC)
 
 
 def series_pipeline(source, *, length: int, batch_size: int, seed: int | None = 0,
                     num_epochs: int | None = 1, shard_index=None, shard_count=None,
                     drop_remainder: bool = False,
-                    num_threads: int = 0) -> grain.IterDataset:
+                    num_threads: int = 0, workers: int = 0) -> grain.IterDataset:
   """`series` [L_i, F] → `inputs` [length, F] (missing values → 0, masked) + mask."""
   ds = examples(source, seed=seed, num_epochs=num_epochs)
 
@@ -298,5 +419,5 @@ def series_pipeline(source, *, length: int, batch_size: int, seed: int | None = 
     return {"inputs": x_LxF, "attention_mask": mask_L, "labels": np.int32(ex["label"]),
             "example_weights": np.float32(1.0)}
 
-  return _iter_batches(ds.map(features), batch_size, drop_remainder, num_threads,
-                       shard_index, shard_count)
+  return batches(ds.map(features), batch_size, drop_remainder, num_threads,
+                       shard_index, shard_count, workers)

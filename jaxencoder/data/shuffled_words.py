@@ -62,7 +62,7 @@ def shuffled_words_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
                             min_words: int = 3, max_words: int = 10, seed: int = 0,
                             num_epochs: int | None = 1, shard_index: int | None = None,
                             shard_count: int | None = None, drop_remainder: bool = False,
-                            num_threads: int = 0) -> grain.IterDataset:
+                            num_threads: int = 0, workers: int = 0) -> grain.IterDataset:
   """Batches of shuffled-sentence rows (module docstring) from a text source: a fresh
   sentence and order per document and epoch, the same for the same seed."""
   if not 1 <= min_words <= max_words:
@@ -74,7 +74,5 @@ def shuffled_words_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
                    min_words=min_words, max_words=max_words)
 
   ds = pipeline.examples(source, seed=seed, num_epochs=num_epochs)
-  ds = pipeline.shard(ds.random_map(row, seed=seed), batch_size, shard_index, shard_count)
-  it = ds.to_iter_dataset(pipeline.read_options(num_threads))
-  return it.batch(batch_size, drop_remainder=drop_remainder,
-                  batch_fn=pipeline.stack_fill(batch_size))
+  return pipeline.batches(ds.random_map(row, seed=seed), batch_size, drop_remainder,
+                          num_threads, shard_index, shard_count, workers)

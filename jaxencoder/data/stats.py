@@ -21,13 +21,13 @@ def token_lengths(source, tokenizer, text_key: str = "text", chunk: int = 2048) 
 
 
 def batch_efficiency(source, tokenizer, *, seq_len: int, batch_size: int, mode: str,
-                     pack_bins: int | None = None) -> dict:
+                     pack_examples: int | None = None) -> dict:
   """One epoch through the real pipeline: batches, rows, real tokens / all slots."""
   no_mask = mlm_lib.MaskSpec(tokenizer.vocab_size, tokenizer.mask_id,
                              tuple(int(i) for i in tokenizer.special_ids), rate=0.0)
   ds = pipeline.mlm_pipeline(source, tokenizer, seq_len=seq_len, batch_size=batch_size,
                              mode=mode, mask=no_mask, seed=0, num_epochs=1, shard_index=0,
-                             shard_count=1, pack_bins=pack_bins)
+                             shard_count=1, pack_examples=pack_examples)
   real = slots = batches = 0
   for batch in ds:
     real += int(batch["attention_mask"].sum())
@@ -38,7 +38,7 @@ def batch_efficiency(source, tokenizer, *, seq_len: int, batch_size: int, mode: 
 
 
 def corpus_stats(source, tokenizer, *, seq_len: int, batch_size: int,
-                 pack_bins: int | None = None) -> dict:
+                 pack_examples: int | None = None) -> dict:
   lengths = token_lengths(source, tokenizer)
   return {
       "examples": int(len(lengths)),
@@ -49,7 +49,7 @@ def corpus_stats(source, tokenizer, *, seq_len: int, batch_size: int,
       "padded": batch_efficiency(source, tokenizer, seq_len=seq_len, batch_size=batch_size,
                                  mode="pad"),
       "packed": batch_efficiency(source, tokenizer, seq_len=seq_len, batch_size=batch_size,
-                                 mode="pack", pack_bins=pack_bins),
+                                 mode="pack", pack_examples=pack_examples),
   }
 
 

@@ -177,7 +177,7 @@ def check_vit_compatible(cfg: EncoderConfig) -> None:
   wanted = {"input_kind": "image", "use_cls_token": True, "position_embedding": "learned",
             "embedding_norm": False, "norm": "layernorm", "norm_position": "pre",
             "use_bias": True, "norm_bias": True, "first_attention_norm": True,
-            "causal": False, "sliding_window": None}
+            "causal": False, "sliding_window": None, "stem_channels": (), "stem_stride": 1}
   bad = names.config_mismatches(cfg, "ViT", wanted)
   if cfg.pooling == "attention" or (cfg.pooling != "cls" and cfg.pooler_dense):
     bad.append(f"pooling={cfg.pooling!r} with pooler_dense={cfg.pooler_dense} (ViT: cls, "

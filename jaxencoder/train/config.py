@@ -94,7 +94,16 @@ def base_config() -> ml_collections.ConfigDict:
       max_words=10,
       eval_split="",  # "" = hold out every `holdout_every`-th train example
       holdout_every=20,
-      num_threads=0,
+      random_flip=False,  # image_arrays, train: mirror half the images left-right
+      random_shift=0,  # image_arrays, train: shift each image by up to this many pixels
+      num_threads=0,  # grain read threads per process (0: read in the caller)
+      # grain worker processes making the train batches (the same batches for any
+      # number); -1: 0 when the step runs on the CPU (it needs the cores), else
+      # min(16, cores // 2). Eval batches are made in the trainer's process.
+      workers=-1,
+      # text_corpus MLM: a fetched corpus stores its token ids once, at prepare (keyed
+      # to the tokenizer); reading then does no tokenisation (data/token_ids.py).
+      tokenize_once=True,
   ))
   c.batch_size = 32
   c.eval_batch_size = 64
@@ -293,6 +302,7 @@ RESUMABLE_CHANGES = (
     "num_train_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
     "best_metric", "eval_batch_size", "progress_bar", "mesh_shape", "logical_axis_rules",
     "parallelism", "init_from", "model_overrides", "allow_config_change", "data.num_threads",
+    "data.workers", "data.tokenize_once",
     "optim.learning_rate", "optim.warmup_steps", "optim.total_steps", "optim.schedule",
     "optim.end_lr_factor", "optim.weight_decay", "optim.grad_clip_norm",
     "model.dropout_rate", "model.attention_dropout_rate", "model.mlp_dropout_rate",

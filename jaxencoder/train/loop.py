@@ -29,6 +29,7 @@ from jaxencoder.train.metrics import MetricWriter, throughput
 from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.parallel import make_stepper
 from jaxencoder.train.pipelines import Pipelines, make_pipelines
+from jaxencoder.train.prefetch import DevicePrefetch
 from jaxencoder.train.stop import Preempted, StopSignals
 from jaxencoder.train.tasks import Task, summarize, task_from_config
 from jaxencoder.train.config import RNG_IMPLS, config_changes, encoder_config, finalize
@@ -120,7 +121,7 @@ def restore_or_init(run: Run, example, boxed=None) -> steps.TrainState:
     abstract = steps.abstract_state(run.task, run.tx, example, run.mesh, run.rules,
                                     shardings=run.shardings, boxed=boxed)
     step, state, data_state, _ = run.checkpointer.restore_newest(abstract_state=abstract)
-    restore_data_position(run.train_iter, data_state, step)
+    restore_data_position(run.train_iter, data_state, step, run.pipelines.train_workers)
     log.info("resumed from step %d (%s)", step, run.checkpointer.directory / str(step))
     return state
   log.info("fresh run in %s", run.run_dir.path)
@@ -159,20 +160,30 @@ def check_config_unchanged(run: Run) -> None:
                 "; ".join(structural))
 
 
-def data_position(iterator) -> dict[str, Any]:
+# The layout of the saved iterator states: 2 = batches as a random-access dataset
+# (data/pipeline.py), read by `workers` processes. States of another layout, worker
+# count or process count do not apply; the batches do not depend on them.
+DATA_STATE_LAYOUT = 2
+
+
+def data_position(iterator, workers: int = 0) -> dict[str, Any]:
   """Every process's iterator state (gathered), for the checkpoint."""
-  return {"process_count": jax.process_count(),
-          "states": distributed.gather_json(iterator.get_state())}
+  return {"process_count": jax.process_count(), "layout": DATA_STATE_LAYOUT,
+          "workers": workers, "states": distributed.gather_json(iterator.get_state())}
 
 
-def restore_data_position(iterator, data_state, step: int) -> None:
-  """Restores this process's iterator state; with another process count, where
-  saved states do not apply, skips the `step` batches already consumed instead."""
-  if data_state and data_state.get("process_count") == jax.process_count():
+def restore_data_position(iterator, data_state, step: int, workers: int = 0) -> None:
+  """Restores this process's iterator state; where the saved states do not apply (another
+  process count, worker count or pipeline layout), skips the `step` batches already
+  consumed instead."""
+  data_state = data_state or {}
+  saved = (data_state.get("process_count"), data_state.get("layout"), data_state.get("workers"))
+  if saved == (jax.process_count(), DATA_STATE_LAYOUT, workers):
     iterator.set_state(data_state["states"][jax.process_index()])
     return
-  log.warning("data position saved with %s processes, running with %d: skipping %d batches",
-              (data_state or {}).get("process_count"), jax.process_count(), step)
+  log.warning("data position saved with %s processes, %s workers, layout %s; running with %d, "
+              "%d, %d: skipping %d batches", *saved, jax.process_count(), workers,
+              DATA_STATE_LAYOUT, step)
   for _ in range(step):
     next(iterator)
 
@@ -216,7 +227,8 @@ def save(run: Run, eval_metrics: dict[str, float] | None, *, force: bool = False
   step = int(run.state.step)
   metrics = {f"eval_{k}": v for k, v in eval_metrics.items()} if eval_metrics else None
   started = time.perf_counter()
-  if run.checkpointer.save(step, run.state, data_state=data_position(run.train_iter),
+  position = data_position(run.train_iter, run.pipelines.train_workers)
+  if run.checkpointer.save(step, run.state, data_state=position,
                            config=run.config.to_dict(), metrics=metrics, force=force):
     log.info("checkpoint step %d: %.1f s, finishing in the background", step,
              time.perf_counter() - started)
@@ -284,10 +296,32 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   eval_metrics: dict[str, float] = {}
   bar = tqdm.tqdm(total=config.num_train_steps, initial=start, dynamic_ncols=True,
                   disable=not config.progress_bar or jax.process_index() != 0)
+  # The thread reads and puts batches ahead; checkpoints record its consumer position.
+  prefetched = run.train_iter = DevicePrefetch(run.train_iter, stepper.put)
+  try:
+    eval_metrics = _steps(run, signals, stepper, state, eval_step, startup, bar, prefetched)
+  finally:
+    prefetched.close()
+  bar.close()
+  check_finite(run.state)
+  if signals.should_stop(int(run.state.step)):
+    raise _stop(run, signals)
+  if not eval_metrics:  # e.g. rerun of a finished run: report the final state
+    eval_metrics = evaluate(run, eval_step, signals)
+    if eval_metrics is None:
+      raise _stop(run, signals)
+  return eval_metrics
+
+
+def _steps(run: Run, signals: StopSignals, stepper, state, eval_step, startup, bar,
+           prefetched: DevicePrefetch) -> dict[str, float]:
+  """The train steps from run.state's step on; the last eval's metrics ({} if none)."""
+  config, start = run.config, int(run.state.step)
+  eval_metrics: dict[str, float] = {}
   window, tick = [], time.perf_counter()
   for step in range(start, config.num_train_steps):
-    host_batch = next(run.train_iter)
-    state, sums = stepper.step(state, stepper.put(host_batch))
+    host_batch, batch = next(prefetched)
+    state, sums = stepper.step(state, batch)
     window.append(sums)
     bar.update(1)
     done = step + 1
@@ -299,7 +333,8 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
     if log_now or eval_now or save_now:
       run.state = stepper.canonical(state)
     if log_now:
-      tick = _log_train(run, window, done, tick, host_batch, stepper.flops, bar)
+      tick = _log_train(run, window, done, tick, host_batch, stepper.flops, bar,
+                        prefetched.take_wait_seconds())
       window = []
       if startup:  # once per process start, after the first train row
         run.writer.write(start + 1, "startup", startup)
@@ -318,14 +353,6 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
         run.state = stepper.canonical(state)
         save(run, None, force=True)
       raise _stop(run, signals)
-  bar.close()
-  check_finite(run.state)
-  if signals.should_stop(int(run.state.step)):
-    raise _stop(run, signals)
-  if not eval_metrics:  # e.g. rerun of a finished run: report the final state
-    eval_metrics = evaluate(run, eval_step, signals)
-    if eval_metrics is None:
-      raise _stop(run, signals)
   return eval_metrics
 
 
@@ -340,8 +367,10 @@ def _log_startup(run: Run, stepper, resumed: bool) -> dict[str, float]:
   return times
 
 
-def _log_train(run: Run, window, done: int, tick: float, batch, flops, bar) -> float:
-  """Writes the mean train metrics of the last window and throughput; returns a new tick."""
+def _log_train(run: Run, window, done: int, tick: float, batch, flops, bar,
+               input_wait_s: float) -> float:
+  """Writes the mean train metrics of the last window, throughput and the fraction of the
+  window's time the loop waited for input batches; returns a new tick."""
   check_finite(run.state)
   host = jax.device_get(window)
   now = time.perf_counter()
@@ -355,6 +384,7 @@ def _log_train(run: Run, window, done: int, tick: float, batch, flops, bar) -> f
   examples = int(next(iter(batch.values())).shape[0]) * jax.process_count()
   values.update(throughput((now - tick) / len(window), tokens, examples, flops,
                            jax.device_count()))
+  values["input_wait_fraction"] = input_wait_s / max(now - tick, 1e-9)
   run.writer.write(done, "train", values)
   bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['learning_rate']:.2e}")
   log.info("step %d train %s", done, _fmt(values))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable
 
 import grain
@@ -14,7 +15,7 @@ from jax.experimental import multihost_utils
 from jaxencoder.data import builders
 from jaxencoder.data import fetch as fetch_lib
 from jaxencoder.data import mlm as mlm_lib
-from jaxencoder.data import pairs, pipeline, shuffled_words, sources
+from jaxencoder.data import pairs, pipeline, shuffled_words, sources, token_ids
 from jaxencoder.data.readers import DataError
 from jaxencoder.io.paths import as_path
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
@@ -31,6 +32,7 @@ class Pipelines:
   make_eval: Callable[[], grain.IterDataset]
   num_classes: int | None
   tokenizer: Tokenizer | None
+  train_workers: int = 0  # processes making the train batches (their state's layout)
 
 
 class Subset:
@@ -65,15 +67,16 @@ def load_tokenizer(data_cfg) -> Tokenizer:
   return Tokenizer.from_file(tokenizer_path(data_cfg))
 
 
-def resolve_source(data_cfg) -> str:
+def resolve_source(data_cfg, tokenizer: str | None = None) -> str:
   """The dataset to read. A fetchable source is fetched and prepared first (both cached:
-  "up to date" while its files are unchanged, rebuilt when they change); process 0
-  goes first, so on shared storage the others find it ready."""
+  "up to date" while its files are unchanged, rebuilt when they change; a text corpus
+  also stores its ids made by `tokenizer`, when given); process 0 goes first, so on
+  shared storage the others find it ready."""
   if builders.fetched(data_cfg.source) is None:
     return data_cfg.source
   def prepare():
     fetch_lib.fetch(data_cfg.source, data_cfg.data_dir)
-    return str(builders.prepare_fetched(data_cfg.source, data_cfg.data_dir))
+    return str(builders.prepare_fetched(data_cfg.source, data_cfg.data_dir, tokenizer))
   path = prepare() if jax.process_index() == 0 else None
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("jaxencoder: fetched source prepared")
@@ -124,6 +127,34 @@ def _num_classes(data_cfg, name: str) -> int | None:
   return None if names is None else len(names)
 
 
+def check_model_fits(config, name: str, train) -> None:
+  """A series' channels or an image's shape the model does not take: a DataError naming
+  the override that fixes it (before any step compiles)."""
+  kind, model = config.data.kind, config.model
+  if kind not in ("time_series", "image_arrays") or not len(train):
+    return
+  example = train[0]
+  if kind == "time_series":
+    features = np.asarray(example["series"]).shape[-1]
+    if features != model.input_features:
+      raise DataError(f"{config.data.source}: its series have {features} channel"
+                      f"{'s' * (features != 1)} per step but model.input_features="
+                      f"{model.input_features}: add --config.model.input_features={features}")
+    return
+  image = np.asarray(example["image"])
+  size, channels = tuple(int(n) for n in image.shape[:2]), image.shape[2] if image.ndim == 3 else 1
+  fixes = []
+  if channels != model.num_channels:
+    fixes.append(f"--config.model.num_channels={channels}")
+  if size != tuple(model.image_size):
+    fixes.append(f"--config.model.image_size='({size[0]}, {size[1]})'")
+  if fixes:
+    raise DataError(f"{config.data.source}: its images are {size[0]}x{size[1]} with "
+                    f"{channels} channel{'s' * (channels != 1)} but the model takes "
+                    f"image_size={tuple(model.image_size)}, num_channels={model.num_channels}: "
+                    f"add {' '.join(fixes)}")
+
+
 def id_limits(model_cfg) -> dict[str, tuple[int, str]]:
   """What `pipeline.check_ids` holds text batches to: the model's embedding tables."""
   vocab = (model_cfg.vocab_size, "model.vocab_size")
@@ -146,15 +177,19 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
   """Builds the pipelines the task and data kind call for; text batches are range-checked
   against the model's vocabularies."""
   data_cfg = config.data
-  name = resolve_source(data_cfg)
+  name = resolve_source(data_cfg, tokenizer_path(data_cfg) if stores_token_ids(config) else None)
   train_src, eval_src = open_splits(data_cfg, name)
   check_sizes(data_cfg, name, train_src, eval_src)
+  check_model_fits(config, name, train_src)
   tok = load_tokenizer(data_cfg) if data_cfg.kind in TEXT_KINDS else None
   num_classes = _num_classes(data_cfg, name)
 
+  train_workers = num_workers(config, train_src, tok)
+
   def build(src, batch_size, num_epochs, train):
     ds = _pipeline(config, tok, src, batch_size=local_batch_size(batch_size),
-                   num_epochs=num_epochs, train=train, num_classes=num_classes)
+                   num_epochs=num_epochs, train=train, num_classes=num_classes,
+                   workers=train_workers if train else 0)
     if tok is None:
       return ds
     if not config.model.type_vocab_size:  # no type table (DistilBERT, ModernBERT): no types
@@ -164,17 +199,39 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
 
   return Pipelines(build(train_src, config.batch_size, None, True),
                    lambda: build(eval_src, config.eval_batch_size, 1, False),
-                   num_classes, tok)
+                   num_classes, tok, train_workers)
 
 
-def _pipeline(config, tok, src, *, batch_size, num_epochs, train,
-              num_classes=None) -> grain.IterDataset:
+def stores_token_ids(config) -> bool:
+  """Whether the task reads a text_corpus through `pipeline.mlm_pipeline`, which takes
+  stored token ids, and data.tokenize_once asks for them."""
+  task = resolved_task(config)
+  return (config.data.kind == "text_corpus" and config.data.tokenize_once
+          and task != "seq2seq" and task not in SENTENCE_PAIR_TASKS)
+
+
+def num_workers(config, src, tok) -> int:
+  """data.workers, or for -1: 0 when the step runs on the CPU (it needs the cores) or the
+  batches gather stored token ids (one process makes 0.7-1M tokens/s, more than workers
+  hand over: bench/input_pipeline.py), else min(16, cores // 2)."""
+  if config.data.workers >= 0:
+    return config.data.workers
+  if jax.default_backend() == "cpu":
+    return 0
+  if stores_token_ids(config) and token_ids.stored(src, tok) is not None:
+    return 0
+  return max(1, min(16, (os.cpu_count() or 2) // 2))
+
+
+def _pipeline(config, tok, src, *, batch_size, num_epochs, train, num_classes=None,
+              workers: int = 0) -> grain.IterDataset:
   """The data.kind pipeline over `src` (train: packed if so configured, drops a short
-  last batch of an MLM stream; eval: every example once, a short last batch filled,
-  text_records rows numbered for metrics that rank the whole split)."""
+  last batch of an MLM stream, made by data.workers processes; eval: every example
+  once, a short last batch filled, text_records rows numbered for metrics that rank
+  the whole split, made in this process)."""
   data_cfg = config.data
   kw = dict(batch_size=batch_size, num_epochs=num_epochs, seed=config.seed,
-            num_threads=data_cfg.num_threads)
+            num_threads=data_cfg.num_threads, workers=workers)
   if config.task == "seq2seq":
     if data_cfg.kind != "text_corpus":
       raise ValueError("task='seq2seq' restores a text_corpus's sentences from their shuffled "
@@ -189,7 +246,8 @@ def _pipeline(config, tok, src, *, batch_size, num_epochs, train,
   if data_cfg.kind == "tagged_tokens":
     return pipeline.tagging_pipeline(src, tok, seq_len=data_cfg.seq_len, **kw)
   if data_cfg.kind == "image_arrays":
-    return pipeline.image_pipeline(src, **kw)
+    return pipeline.image_pipeline(src, random_flip=train and data_cfg.random_flip,
+                                   random_shift=data_cfg.random_shift if train else 0, **kw)
   if data_cfg.kind == "time_series":
     return pipeline.series_pipeline(src, length=data_cfg.seq_len, **kw)
   if data_cfg.kind == "text_records":
