@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxencoder.data import mlm as mlm_lib
 from jaxencoder.data import packing, pipeline
-from jaxencoder.data.readers import DataError
+from jaxencoder.data.readers import DataError, as_text
 
 OBJECTIVES = ("nsp", "sop")
 
@@ -27,12 +27,10 @@ def corpus_order(source) -> tuple[np.ndarray, np.ndarray]:
   """(indices of `source` in reading order [N], each one's file number [N]), from the
   examples' `origin` ("file:line"); one batched read where the source allows it."""
   indices = list(range(len(source)))
-  read_all = getattr(source, "__getitems__", None)
-  examples = read_all(indices) if read_all else [source[i] for i in indices]
+  examples = pipeline.read_examples(source, indices)
   keys = []
   for i, ex in enumerate(examples):
-    origin = ex["origin"]
-    origin = origin.decode("utf-8") if isinstance(origin, bytes) else str(origin)
+    origin = as_text(ex["origin"])
     file, _, line = origin.rpartition(":")
     keys.append((file, int(line), i) if line.isdigit() else (file + ":" + line, 0, i))
   keys.sort()

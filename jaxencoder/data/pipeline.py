@@ -47,7 +47,7 @@ from grain import experimental as grain_exp
 
 from jaxencoder.data import mlm as mlm_lib
 from jaxencoder.data import packing, records, token_ids
-from jaxencoder.data.readers import DataError
+from jaxencoder.data.readers import DataError, as_text, check_not_empty
 
 TEXT_KEYS = ("input_ids", "token_type_ids")
 MLM_KEYS = ("input_ids", "token_type_ids", "mlm_labels", "mlm_weights")
@@ -70,6 +70,12 @@ def examples(source, *, seed: int | None = 0, num_epochs: int | None = 1) -> gra
   return ds.repeat(num_epochs)
 
 
+def global_index(i, rows: int, index: int, count: int):
+  """Element i of process `index`'s shard (of `count`) → its index in the global order:
+  the process reads `rows` of every global batch of rows * count, at offset index * rows."""
+  return (i // rows) * rows * count + index * rows + i % rows
+
+
 FILL = "_fill"  # marks a padding element that stack_fill turns into an all-zero row
 
 
@@ -83,26 +89,19 @@ def shard(ds: grain.MapDataset, rows: int, shard_index: int | None = None,
   index, count = _shard(shard_index, shard_count)
   if count == 1:
     return ds
-  block = rows * count
   total = len(ds)
   def element(i):
-    i = (int(i) // rows) * block + index * rows + int(i) % rows
+    i = int(global_index(i, rows, index, count))
     return ds[i] if i < total else {**ds[0], FILL: True}
-  return grain.MapDataset.range(-(-total // block) * rows).map(element)
-
-
-def _text(value) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+  return grain.MapDataset.range(-(-total // (rows * count)) * rows).map(element)
 
 
 def tokenize_fn(tokenizer, seq_len: int, text_key: str = "text", text_b_key: str | None = None):
   """Example → unpadded 1-D `input_ids`, `token_type_ids`, `word_ids` (truncated to seq_len)."""
   def fn(ex):
-    text_b = _text(ex[text_b_key]) if text_b_key and len(ex[text_b_key]) else None
-    enc = tokenizer.encode(_text(ex[text_key]), text_b, max_length=seq_len)
-    if (enc["word_ids"] >= 0).sum() == 0:
-      origin = _text(ex.get("origin", b"?"))
-      raise DataError(f"{origin}: zero-length sequence (no tokens besides [CLS]/[SEP])")
+    text_b = as_text(ex[text_b_key]) if text_b_key and len(ex[text_b_key]) else None
+    enc = tokenizer.encode(as_text(ex[text_key]), text_b, max_length=seq_len)
+    check_not_empty(enc["word_ids"][None], [ex])
     out = {k: v for k, v in ex.items() if k not in (text_key, text_b_key, "origin")}
     out.update(input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"],
                word_ids=enc["word_ids"])
@@ -145,11 +144,11 @@ def in_workers(batches: grain.MapDataset, num_threads: int = 0,
 
 
 def batches(ds: grain.MapDataset, batch_size, drop_remainder, num_threads,
-                  shard_index=None, shard_count=None, workers: int = 0) -> grain.IterDataset:
+            shard_index=None, shard_count=None, workers: int = 0) -> grain.IterDataset:
   """Per-example `ds` → this process's batches, made in `workers` processes."""
   ds = shard(ds, batch_size, shard_index, shard_count)
-  batches = ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=stack_fill(batch_size))
-  return in_workers(batches, num_threads, workers)
+  batched = ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=stack_fill(batch_size))
+  return in_workers(batched, num_threads, workers)
 
 
 def _batch(ds: grain.IterDataset, batch_size: int, drop_remainder: bool) -> grain.IterDataset:
@@ -166,7 +165,7 @@ def chunk_indices(total: int, rows: int, *, drop_remainder: bool = False,
   block = rows * count
   num = total // block if drop_remainder else -(-total // block)
   def element(k):
-    e_R = int(k) * block + index * rows + np.arange(rows, dtype=np.int64)
+    e_R = global_index(int(k) * rows + np.arange(rows, dtype=np.int64), rows, index, count)
     return np.where(e_R < total, e_R, -1)
   return grain.MapDataset.range(num).map(element)
 
@@ -193,10 +192,10 @@ def check_ids(ds: grain.IterDataset, limits: dict[str, tuple[int, str]],
   return ds.map(check)
 
 
-def default_mask(tokenizer) -> mlm_lib.MaskSpec:
-  """BERT's 15% / 80-10-10 over the tokenizer's vocab."""
+def default_mask(tokenizer, **fields) -> mlm_lib.MaskSpec:
+  """BERT's 15% / 80-10-10 over the tokenizer's vocab; `fields` override MaskSpec's."""
   return mlm_lib.MaskSpec(tokenizer.vocab_size, tokenizer.mask_id,
-                          tuple(int(i) for i in tokenizer.special_ids))
+                          tuple(int(i) for i in tokenizer.special_ids), **fields)
 
 
 def read_examples(source, indices) -> list:
@@ -225,10 +224,7 @@ def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str 
     raise ValueError(f"mode must be 'pad' or 'pack', got {mode!r}")
   mask = mask or default_mask(tokenizer)
   stored = token_ids.stored(source, tokenizer) if use_stored_ids else None
-  order = grain.MapDataset.range(len(source))
-  if seed is not None:
-    order = order.shuffle(seed=seed)
-  order = order.repeat(num_epochs)
+  order = examples(np.arange(len(source)), seed=seed, num_epochs=num_epochs)
   pad_id = tokenizer.pad_id
   chunk_rows = batch_size if mode == "pad" else (pack_examples or 4 * batch_size)
 
@@ -303,7 +299,7 @@ def classification_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
             "example_weights": np.float32(1.0)}
 
   return batches(ds.map(features), batch_size, drop_remainder, num_threads,
-                       shard_index, shard_count, workers)
+                 shard_index, shard_count, workers)
 
 
 def packing_keys() -> tuple[str, ...]:
@@ -331,7 +327,7 @@ def tagging_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
   ds = examples(source, seed=seed, num_epochs=num_epochs)
 
   def features(ex):
-    words = [_text(w) for w in ex["words"]]
+    words = [as_text(w) for w in ex["words"]]
     enc = tokenizer.encode(words, max_length=seq_len, padding="max_length",
                            is_pretokenized=True)
     labels_L, weights_L = align_word_labels(enc["first_subword_index"], ex["tags"], seq_len)
@@ -341,7 +337,7 @@ def tagging_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
             "label_weights": weights_L}
 
   return batches(ds.map(features), batch_size, drop_remainder, num_threads,
-                       shard_index, shard_count, workers)
+                 shard_index, shard_count, workers)
 
 
 def records_pipeline(source, tokenizer, *, task: str, seq_len: int, batch_size: int,
@@ -359,7 +355,7 @@ def records_pipeline(source, tokenizer, *, task: str, seq_len: int, batch_size: 
   ds = ds.repeat(num_epochs).map(records.features(task, tokenizer, seq_len,
                                                   num_labels=num_labels))
   return batches(ds, batch_size, drop_remainder, num_threads, shard_index,
-                       shard_count, workers)
+                 shard_count, workers)
 
 
 def image_pipeline(source, *, batch_size: int, mean: float = 0.5, std: float = 0.5,
@@ -410,7 +406,7 @@ def series_pipeline(source, *, length: int, batch_size: int, seed: int | None = 
   def features(ex):
     s_LxF = np.asarray(ex["series"], np.float32)
     if len(s_LxF) > length:
-      raise DataError(f"{_text(ex.get('origin', b'?'))}: series of {len(s_LxF)} steps > "
+      raise DataError(f"{as_text(ex.get('origin', b'?'))}: series of {len(s_LxF)} steps > "
                       f"length={length}")
     x_LxF = np.zeros((length, s_LxF.shape[1]), np.float32)
     x_LxF[: len(s_LxF)] = np.nan_to_num(s_LxF)
@@ -420,4 +416,4 @@ def series_pipeline(source, *, length: int, batch_size: int, seed: int | None = 
             "example_weights": np.float32(1.0)}
 
   return batches(ds.map(features), batch_size, drop_remainder, num_threads,
-                       shard_index, shard_count, workers)
+                 shard_index, shard_count, workers)

@@ -33,6 +33,20 @@ class DataError(ValueError):
   """A source file is empty, malformed, or holds a value outside its schema."""
 
 
+def as_text(value) -> str:
+  """A record's text feature (bytes from array_record, or str) as str."""
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def check_not_empty(word_ids_BxL: np.ndarray, examples) -> None:
+  """A DataError naming the first of `examples` whose encoding has no word token (only
+  [CLS]/[SEP]); word_ids -1 on specials and padding."""
+  empty = np.flatnonzero((np.asarray(word_ids_BxL) >= 0).sum(axis=1) == 0)
+  if len(empty):
+    origin = as_text(examples[int(empty[0])].get("origin", b"?"))
+    raise DataError(f"{origin}: zero-length sequence (no tokens besides [CLS]/[SEP])")
+
+
 def where(path, line: int | None = None) -> str:
   return f"{path}:{line}" if line is not None else f"{path}"
 

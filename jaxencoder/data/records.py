@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxencoder.data import packing
-from jaxencoder.data.readers import DataError
+from jaxencoder.data.readers import DataError, as_text
 
 TEXT_KEYS = ("input_ids", "token_type_ids")
 TEXT_ARRAYS = ("input_ids", "token_type_ids", "attention_mask", "segment_ids", "positions")
@@ -32,12 +32,8 @@ COLUMNS = {"span": ("context", "answer"), "multilabel": ("text", "labels"),
 Example = dict[str, Any]
 
 
-def _text(value) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def _optional(ex: Example, key: str) -> str | None:
-  return (_text(ex[key]) or None) if key in ex else None
+  return (as_text(ex[key]) or None) if key in ex else None
 
 
 def encode(tokenizer, text: str, text_b: str | None, seq_len: int, **kw) -> dict[str, np.ndarray]:
@@ -55,11 +51,11 @@ def span(tokenizer, seq_len: int, **_) -> Callable[[Example], Example]:
   """[CLS] question [SEP] context [SEP] (or [CLS] context [SEP]); the answer's first and
   last tokens; `context_mask` marks the tokens an answer may use."""
   def fn(ex):
-    context, answer = _text(ex["context"]), _text(ex["answer"])
+    context, answer = as_text(ex["context"]), as_text(ex["answer"])
     question = _optional(ex, "question")
     start = int(ex["answer_start"]) if "answer_start" in ex else context.find(answer)
     if not answer or start < 0 or context[start:start + len(answer)] != answer:
-      raise DataError(f"{_text(ex['origin'])}: answer {answer!r} is not in the context"
+      raise DataError(f"{as_text(ex['origin'])}: answer {answer!r} is not in the context"
                       + (f" at character {start}" if "answer_start" in ex else ""))
     args = (question, context) if question else (context, None)
     enc = encode(tokenizer, *args, seq_len, offsets=True)
@@ -79,14 +75,14 @@ def multilabel(tokenizer, seq_len: int, *, num_labels: int, **_) -> Callable[[Ex
   def fn(ex):
     labels_C = np.zeros(num_labels, np.float32)
     labels_C[np.asarray(ex["labels"], np.int64)] = 1.0
-    enc = encode(tokenizer, _text(ex["text"]), _optional(ex, "text_b"), seq_len)
+    enc = encode(tokenizer, as_text(ex["text"]), _optional(ex, "text_b"), seq_len)
     return {**enc, "labels": labels_C, "example_weights": np.float32(1.0)}
   return fn
 
 
 def regression(tokenizer, seq_len: int, **_) -> Callable[[Example], Example]:
   def fn(ex):
-    enc = encode(tokenizer, _text(ex["text"]), _optional(ex, "text_b"), seq_len)
+    enc = encode(tokenizer, as_text(ex["text"]), _optional(ex, "text_b"), seq_len)
     return {**enc, "targets": np.float32(ex["target"]), "example_weights": np.float32(1.0)}
   return fn
 
@@ -101,10 +97,10 @@ def multiple_choice(tokenizer, seq_len: int, **_) -> Callable[[Example], Example
     choices = sorted((k for k in ex if k.startswith("choice_")), key=lambda k: int(k[7:]))
     label = int(ex["label"])
     if not 0 <= label < len(choices):
-      raise DataError(f"{_text(ex['origin'])}: label {label} is not a choice index "
+      raise DataError(f"{as_text(ex['origin'])}: label {label} is not a choice index "
                       f"(0..{len(choices) - 1})")
-    text = _text(ex["text"])
-    rows = [encode(tokenizer, text, _text(ex[c]), seq_len) for c in choices]
+    text = as_text(ex["text"])
+    rows = [encode(tokenizer, text, as_text(ex[c]), seq_len) for c in choices]
     return {**_stacked(rows), "labels": np.int32(label), "example_weights": np.float32(1.0)}
   return fn
 
@@ -112,7 +108,7 @@ def multiple_choice(tokenizer, seq_len: int, **_) -> Callable[[Example], Example
 def contrastive(tokenizer, seq_len: int, **_) -> Callable[[Example], Example]:
   """text, its positive text_b and (if the column exists) a hard negative: [K, L]."""
   def fn(ex):
-    texts = [_text(ex[k]) for k in ("text", "text_b", "negative") if k in ex]
+    texts = [as_text(ex[k]) for k in ("text", "text_b", "negative") if k in ex]
     rows = [encode(tokenizer, t, None, seq_len) for t in texts]
     return {**_stacked(rows), "example_weights": np.float32(1.0)}
   return fn
@@ -133,7 +129,7 @@ def features(task: str, tokenizer, seq_len: int, *,
     missing = [c for c in COLUMNS[task] if c not in ex]
     if missing:
       have = ", ".join(sorted(k for k in ex if k != "origin"))
-      raise DataError(f"{_text(ex.get('origin', b'text_records'))}: task {task} needs columns "
+      raise DataError(f"{as_text(ex.get('origin', b'text_records'))}: task {task} needs columns "
                       f"{', '.join(COLUMNS[task])}; missing {', '.join(missing)} (has {have})")
     out = make(ex)
     if "example_index" in ex:

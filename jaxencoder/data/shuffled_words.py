@@ -21,6 +21,7 @@ import grain
 import numpy as np
 
 from jaxencoder.data import packing, pipeline
+from jaxencoder.data.readers import as_text
 
 SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 KEYS = ("input_ids", "attention_mask", "token_type_ids", "decoder_input_ids", "decoder_mask",
@@ -69,7 +70,7 @@ def shuffled_words_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
     raise ValueError(f"need 1 <= min_words <= max_words, got {min_words}, {max_words}")
 
   def row(ex, rng):
-    text = ex["text"].decode("utf-8") if isinstance(ex["text"], bytes) else str(ex["text"])
+    text = as_text(ex["text"])
     return example(text, rng, tokenizer, seq_len=seq_len,
                    min_words=min_words, max_words=max_words)
 

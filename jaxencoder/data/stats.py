@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxencoder.data import mlm as mlm_lib
 from jaxencoder.data import pipeline
+from jaxencoder.data.readers import as_text
 
 PERCENTILES = (50, 90, 95, 99, 100)
 
@@ -15,7 +15,7 @@ def token_lengths(source, tokenizer, text_key: str = "text", chunk: int = 2048) 
   lengths = []
   for start in range(0, len(source), chunk):
     rows = source.__getitems__(list(range(start, min(start + chunk, len(source)))))
-    texts = [pipeline._text(r[text_key]) for r in rows]
+    texts = [as_text(r[text_key]) for r in rows]
     lengths.append(tokenizer.encode_batch(texts)["attention_mask"].sum(axis=1))
   return np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
 
@@ -23,8 +23,7 @@ def token_lengths(source, tokenizer, text_key: str = "text", chunk: int = 2048) 
 def batch_efficiency(source, tokenizer, *, seq_len: int, batch_size: int, mode: str,
                      pack_examples: int | None = None) -> dict:
   """One epoch through the real pipeline: batches, rows, real tokens / all slots."""
-  no_mask = mlm_lib.MaskSpec(tokenizer.vocab_size, tokenizer.mask_id,
-                             tuple(int(i) for i in tokenizer.special_ids), rate=0.0)
+  no_mask = pipeline.default_mask(tokenizer, rate=0.0)
   ds = pipeline.mlm_pipeline(source, tokenizer, seq_len=seq_len, batch_size=batch_size,
                              mode=mode, mask=no_mask, seed=0, num_epochs=1, shard_index=0,
                              shard_count=1, pack_examples=pack_examples)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from etils import epath
 
-from jaxencoder.data.readers import DataError
+from jaxencoder.data.readers import DataError, as_text, check_not_empty
 
 DIR = "token_ids"
 FINGERPRINT = "fingerprint.json"
@@ -38,10 +38,6 @@ def tokenizer_digest(tokenizer) -> str:
   return hashlib.sha256(json.dumps(definition, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def _text(value) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def write(dataset_dir, tokenizer, text_key: str = "text") -> None:
   """Tokenises every split of the prepared dataset at `dataset_dir` into token_ids/."""
   import tensorflow_datasets as tfds
@@ -53,13 +49,10 @@ def write(dataset_dir, tokenizer, text_key: str = "text") -> None:
     ids, words, lengths = [], [], []
     for start in range(0, len(source), _ENCODE_BATCH):
       examples = source.__getitems__(range(start, min(start + _ENCODE_BATCH, len(source))))
-      batch = tokenizer.encode_batch([_text(ex[text_key]) for ex in examples])
+      batch = tokenizer.encode_batch([as_text(ex[text_key]) for ex in examples])
+      check_not_empty(batch["word_ids"], examples)
       n_B = batch["attention_mask"].sum(axis=1)
       real_BxL = batch["attention_mask"] > 0
-      empty = np.flatnonzero((batch["word_ids"] >= 0).sum(axis=1) == 0)
-      if len(empty):
-        origin = _text(examples[int(empty[0])].get("origin", b"?"))
-        raise DataError(f"{origin}: zero-length sequence (no tokens besides [CLS]/[SEP])")
       ids.append(batch["input_ids"][real_BxL])
       words.append(batch["word_ids"][real_BxL])
       lengths.append(n_B)
@@ -152,10 +145,7 @@ def encode_rows(examples: Sequence[dict], tokenizer, seq_len: int,
                 text_key: str = "text") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """`input_ids`, `word_ids` [B, seq_len] (pad id / -1 after each row's end) and lengths
   [B] of `examples`' texts, in one batched tokenizer call."""
-  batch = tokenizer.encode_batch([_text(ex[text_key]) for ex in examples], max_length=seq_len,
+  batch = tokenizer.encode_batch([as_text(ex[text_key]) for ex in examples], max_length=seq_len,
                                  pad_to=seq_len)
-  empty = np.flatnonzero((batch["word_ids"] >= 0).sum(axis=1) == 0)
-  if len(empty):
-    origin = _text(examples[int(empty[0])].get("origin", b"?"))
-    raise DataError(f"{origin}: zero-length sequence (no tokens besides [CLS]/[SEP])")
+  check_not_empty(batch["word_ids"], examples)
   return batch["input_ids"], batch["word_ids"], batch["attention_mask"].sum(axis=1)

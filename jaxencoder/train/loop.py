@@ -293,7 +293,6 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   start = int(run.state.step)
   startup = _log_startup(run, stepper, resumed=start > 0)
   state = stepper.from_canonical(run.state)
-  eval_metrics: dict[str, float] = {}
   bar = tqdm.tqdm(total=config.num_train_steps, initial=start, dynamic_ncols=True,
                   disable=not config.progress_bar or jax.process_index() != 0)
   # The thread reads and puts batches ahead; checkpoints record its consumer position.

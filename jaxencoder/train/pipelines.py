@@ -14,7 +14,6 @@ from jax.experimental import multihost_utils
 
 from jaxencoder.data import builders
 from jaxencoder.data import fetch as fetch_lib
-from jaxencoder.data import mlm as mlm_lib
 from jaxencoder.data import pairs, pipeline, shuffled_words, sources, token_ids
 from jaxencoder.data.readers import DataError
 from jaxencoder.io.paths import as_path
@@ -262,8 +261,7 @@ def _masked_text_pipeline(config, tok, src, *, train, **kw) -> grain.IterDataset
   mlm with a sentence_pair objective), plain tokens otherwise."""
   data_cfg, task = config.data, resolved_task(config)
   rate = data_cfg.mask_rate if task in MASKED_TASKS else 0.0
-  spec = mlm_lib.MaskSpec(tok.vocab_size, tok.mask_id, tuple(int(i) for i in tok.special_ids),
-                          rate=rate, whole_word=data_cfg.whole_word)
+  spec = pipeline.default_mask(tok, rate=rate, whole_word=data_cfg.whole_word)
   mode = data_cfg.packing if train else "pad"
   if task not in SENTENCE_PAIR_TASKS:
     return pipeline.mlm_pipeline(src, tok, seq_len=data_cfg.seq_len, mode=mode, mask=spec,
