@@ -12,8 +12,9 @@ _DONE = object()
 
 class DevicePrefetch:
   """Yields (host_batch, device_batch) from a grain iterator; a thread reads the next
-  `depth` batches and puts them on the devices (`put`: the sharded device_put) while
-  the current step runs.
+  `depth` host batches while the current step runs. `put` (the sharded device_put) runs
+  in the consumer's thread: device_put from the reading thread while hundreds of steps
+  were queued asynchronously aborted the process (XLA:CPU, jax 0.10.2, tests/test_readme).
 
   `get_state()` is the iterator's state before the next batch this yields (not the
   thread's read position), so a checkpoint taken between steps resumes exactly.
@@ -33,7 +34,7 @@ class DevicePrefetch:
     while not self._stop.is_set():
       try:
         host = next(self._iterator)
-        item = (host, self._put(host), self._iterator.get_state())
+        item = (host, self._iterator.get_state())
       except StopIteration:
         item = _DONE
       except BaseException as e:  # raised in the consumer's thread, by __next__
@@ -60,8 +61,8 @@ class DevicePrefetch:
     if isinstance(item, BaseException):
       self._queue.put(item)
       raise item
-    host, device, self._state = item
-    return host, device
+    host, self._state = item
+    return host, self._put(host)
 
   def get_state(self):
     return self._state
