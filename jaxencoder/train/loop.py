@@ -295,7 +295,7 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   state = stepper.from_canonical(run.state)
   bar = tqdm.tqdm(total=config.num_train_steps, initial=start, dynamic_ncols=True,
                   disable=not config.progress_bar or jax.process_index() != 0)
-  # The thread reads and puts batches ahead; checkpoints record its consumer position.
+  # A thread reads batches ahead; checkpoints record the position of the next unconsumed one.
   prefetched = run.train_iter = DevicePrefetch(run.train_iter, stepper.put)
   try:
     eval_metrics = _steps(run, signals, stepper, state, eval_step, startup, bar, prefetched)
