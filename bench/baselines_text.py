@@ -94,26 +94,49 @@ def fine_foods(data_dir) -> list[dict]:
 
 
 def pair_retrieval(data_dir, runs) -> list[dict]:
-  """Each held-out line ranks the split's next lines and hard negatives (2 x N candidates)
-  by cosine: recall@1, recall@5, MRR for TF-IDF, MiniLM, and each run's encoder."""
+  """Held-out retrieval with TF-IDF, MiniLM and each run's encoder, by cosine (recall@1,
+  recall@5, MRR): each test line of `shakespeare_pairs` ranks the split's next lines and
+  hard negatives (2 x N candidates); each test speech of `shakespeare_speeches` ranks
+  the split's second halves by its first half (cut as data/span_views.py cuts)."""
   from jaxencoder.pretrained.__main__ import convert
   from jaxencoder.pretrained.sentences import embed
-  from jaxencoder.tokenizer import default_tokenizer_path
+  from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
   rows = list(readers.read_records(fetch.fetch("shakespeare_pairs", data_dir) / "test.csv"))
-  queries = [r["text"] for r in rows]
-  cands = [r["text_b"] for r in rows] + [r["negative"] for r in rows]
-  base = {"data": "shakespeare_pairs test", "queries": len(queries), "candidates": len(cands)}
-  x = tfidf(queries + cands, queries + cands, min_df=1, max_features=50000)[1]
-  out = [{**base, "model": "TF-IDF", **_ranks(x[:len(queries)], x[len(queries):])}]
+  speeches = [r["text"] for r in
+              readers.read_records(fetch.fetch("shakespeare_speeches", data_dir) / "test.csv")]
+  halves = speech_halves(speeches, Tokenizer.from_file(default_tokenizer_path()))
+  tasks = {"next line (shakespeare_pairs test)":
+               ([r["text"] for r in rows], [r["text_b"] for r in rows] + [r["negative"] for r in rows]),
+           "second half (shakespeare_speeches test)": halves}
   models = {"MiniLM (step 0)": str(default_tokenizer_path())}
+  out = []
+  for task, (queries, cands) in tasks.items():
+    x = tfidf(queries + cands, queries + cands, min_df=1, max_features=50000)[1]
+    out.append({"data": task, "queries": len(queries), "candidates": len(cands),
+                "model": "TF-IDF", **_ranks(x[:len(queries)], x[len(queries):])})
   with tempfile.TemporaryDirectory() as tmp:
     for i, run in enumerate(runs):  # the run's encoder as a Hugging Face dir, for `embed`
       convert(run, f"{tmp}/{i}")
       models[run] = f"{tmp}/{i}"
     for name, model_dir in models.items():
-      emb = lambda texts: embed(texts, model_dir, max_length=64, progress=False)
-      out.append({**base, "model": name, **_ranks(emb(queries), emb(cands))})
+      for task, (queries, cands) in tasks.items():
+        emb = lambda texts: embed(texts, model_dir, max_length=32, progress=False)
+        out.append({"data": task, "queries": len(queries), "candidates": len(cands),
+                    "model": name, **_ranks(emb(queries), emb(cands))})
   return out
+
+
+def speech_halves(texts, tokenizer) -> tuple[list[str], list[str]]:
+  """(first halves, second halves) of `texts`, cut where span_views.split_point cuts."""
+  from jaxencoder.data.span_views import split_point
+  firsts, seconds = [], []
+  for text in texts:
+    enc = tokenizer.encode(text, offsets=True)
+    cut = split_point(np.asarray(enc["word_ids"][1:-1]))
+    at = int(enc["offsets"][1 + cut][0]) if cut else len(text)
+    firsts.append(text[:at].strip())
+    seconds.append(text[at:].strip() or text)
+  return firsts, seconds
 
 
 def _ranks(q_NxD, c_MxD) -> dict:

@@ -1,24 +1,31 @@
-"""Unsupervised SimCSE from all-MiniLM-L6-v2: two dropout views of each text are
-positives, the batch's other texts negatives (InfoNCE).
+"""Contrastive sentence embeddings from all-MiniLM-L6-v2 (SimCSE's InfoNCE): a speech's first
+half is the positive of its second half, the batch's other halves its negatives.
 
   python train.py --config configs/contrastive.py --workdir runs/simcse
   python bench/baselines_text.py --simcse runs/simcse   # held-out retrieval, before/after
 
-Data: the Shakespeare plays (`shakespeare`, fetched on first use), speeches cut to
-seq_len 32 tokens; no labels are used. train.py's own eval (the two views of a held-out
-speech, which are identical without dropout) says little; the measure is next-line
-retrieval on `shakespeare_pairs`' test split (1,000 lines, each ranking its next line
-among 2,000 candidates: the 1,000 next lines and 1,000 hard negatives from the same
-play), with the encoder's mean-pooled output (the projection head is for training
-only). "Before" is MiniLM itself (the run's step 0 encoder). The pairs' lines are
-part of the plays SimCSE reads, unlabelled.
-Measured (2026-12-01; 2 CPU cores shared with two other trainings, load average ~10;
-100 steps, 24.6 min wall, ~10-15 s a step under that load), recall@1 / recall@5 / MRR:
-before (MiniLM) 0.023 / 0.053 / 0.043, after 0.024 / 0.054 / 0.044: no real change
-(one query more of 1,000). TF-IDF baseline 0.014 / 0.044 / 0.032; chance 0.0005 /
-0.0025 / ~0.004. The SimCSE loss is ~0.01 from step 10 on (MiniLM already matches the two
-dropout views of each text against the other 31), so there is little to learn: a demo
-of the objective, not an improvement of MiniLM.
+Data: `shakespeare_speeches` (speeches of >= 8 words, fetched and made on first use; 1 in
+10 speeches is test, by a hash of play and speech number), each cut at the word nearest
+its middle (`data.views=halves`, data/span_views.py: adjacent spans as positives, as in
+DeCLUTR). `--config.data.views=dropout` is unsupervised SimCSE proper (the text twice,
+two dropout masks) on the same speeches.
+train.py's eval: recall@1 of each held-out speech's second half among its eval batch's 64.
+The bench measures two held-out retrievals with the encoder's mean-pooled output (the
+projection head is for training only), before (MiniLM itself) and after: each test
+speech's first half ranking all 1,000 test second halves, and each `shakespeare_pairs`
+test line ranking 2,000 candidates (the 1,000 next lines, 1,000 hard negatives).
+Measured 2026-12-01 on the 2-core CPU machine, idle: 100 steps, 4 min 30 s wall (2.4-2.8 s a
+step, conversion of MiniLM and the data made on first use included); `python
+bench/baselines_text.py --simcse runs/simcse` (43 s), recall@1 / recall@5 / MRR:
+  held-out second halves (1,000 test speeches)  MiniLM 0.054 / 0.105 / 0.089
+                                                 after  0.071 / 0.156 / 0.124
+                                                 TF-IDF 0.046 / 0.082 / 0.074
+  next line (shakespeare_pairs test)            MiniLM 0.023 / 0.053 / 0.043
+                                                 after  0.020 / 0.056 / 0.043 (no change)
+train.py's eval (second half among 64, test speeches): recall@1 0.229, MRR 0.382.
+With views=dropout (SimCSE proper), same speeches and steps: halves 0.052 / 0.111 / 0.089,
+next line 0.025 / 0.055 / 0.044, i.e. no change from MiniLM: its two dropout views of a
+text are matched from step 10 on (loss 5e-4, then 2e-5), so there is nothing to learn.
 """
 
 from jaxencoder.train.config import base_config
@@ -29,8 +36,13 @@ def get_config():
   config.task = "contrastive"
   config.init_from = "minilm"
   config.model.pooling = "mean"
+  config.data.kind = "text_records"
+  config.data.source = "shakespeare_speeches"
+  config.data.eval_split = "test"
+  config.data.views = "halves"
   config.data.seq_len = 32
   config.batch_size = 32
+  config.eval_batch_size = 64
   config.num_train_steps = 100
   config.log_every = 10
   config.eval_every = 100

@@ -6,6 +6,10 @@ Output-value tests (test_train.py: equal losses on every mesh) pass with everyth
 replicated; these do not.
 """
 
+import os
+import subprocess
+import sys
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -232,3 +236,22 @@ def test_unnamed_leaves_replicate_and_rules_come_from_config_lists():
   rules = sharding.rules_from_config([["act_batch", ["data", "fsdp"]], ["embed", "fsdp"],
                                       ["kv", None]])
   assert rules == (("act_batch", ("data", "fsdp")), ("embed", "fsdp"), ("kv", None))
+
+
+def test_cpu_devices_splits_the_host_before_jax_starts_and_says_when_it_cannot():
+  """config.cpu_devices: 3 devices when set first; once JAX has computed, a warning."""
+  script = """
+import logging, jax, jax.numpy as jnp
+from jaxencoder.train import sharding
+logging.basicConfig(level=logging.INFO)
+sharding.use_cpu_devices(3)
+print("devices", jax.device_count())
+jnp.zeros(1).block_until_ready()
+sharding.use_cpu_devices(2)
+print("devices", jax.device_count())
+"""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run([sys.executable, "-c", script], env={**env, "JAX_PLATFORMS": "cpu"},
+                       capture_output=True, text=True, check=True)
+  assert out.stdout.split("\n")[:2] == ["devices 3", "devices 3"]
+  assert "cpu_devices=2 left: JAX already started with 3 CPU devices" in out.stderr

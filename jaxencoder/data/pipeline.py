@@ -358,52 +358,91 @@ def records_pipeline(source, tokenizer, *, task: str, seq_len: int, batch_size: 
                  shard_count, workers)
 
 
+IMAGES_IN_MEMORY = 1 << 30  # bytes of uint8 pixels
+
+
 def image_pipeline(source, *, batch_size: int, mean: float = 0.5, std: float = 0.5,
                    seed: int | None = 0, num_epochs: int | None = 1, shard_index=None,
                    shard_count=None, drop_remainder: bool = False,
                    num_threads: int = 0, workers: int = 0, random_flip: bool = False,
                    random_shift: int = 0) -> grain.IterDataset:
-  """uint8 `image` [H, W(, C)] → `images` float32 [H, W, C] = (x/255 - mean) / std.
+  """uint8 `image` [H, W(, C)] → `images` float32 [B, H, W, C] = (x/255 - mean) / std.
 
-  Augmentation (train): `random_flip` mirrors half the images left-right; `random_shift`
-  moves each by up to that many pixels along each axis (vacated pixels 0, i.e. black).
+  A split of at most IMAGES_IN_MEMORY bytes of pixels (Fashion-MNIST's 60k: 47 MB) is
+  read into memory on first use, a larger one a batch at a time; batches are normalised
+  with numpy. Augmentation (train):
+  `random_flip` mirrors half the images left-right; `random_shift` moves each by up to
+  that many pixels along each axis (vacated pixels 0, i.e. black); the draws are keyed by
+  each example's global index (`mlm.counter_uniforms`), so batches do not depend on the
+  worker or process count.
   """
-  ds = examples(source, seed=seed, num_epochs=num_epochs)
+  order = examples(np.arange(len(source)), seed=seed, num_epochs=num_epochs)
+  whole = {}  # the split's images [N, H, W(, C)] uint8 and labels [N], read on first use
 
-  def features(ex, rng=None):
-    x = np.asarray(ex["image"], np.float32) / 255.0
-    x_HxWxC = x[..., None] if x.ndim == 2 else x
-    if rng is not None:
-      x_HxWxC = augment_image(x_HxWxC, rng, random_flip, random_shift)
-    return {"images": (x_HxWxC - mean) / std, "labels": np.int32(ex["label"]),
-            "example_weights": np.float32(1.0)}
+  def read(index_N):
+    if not whole and len(source) * np.asarray(source[0]["image"]).nbytes <= IMAGES_IN_MEMORY:
+      blocks = [read_examples(source, list(range(i, min(i + 4096, len(source)))))
+                for i in range(0, len(source), 4096)]
+      rows = [r for block in blocks for r in block]
+      whole.update(images=np.stack([np.asarray(r["image"]) for r in rows]),
+                   labels=np.array([r["label"] for r in rows], np.int32))
+    if whole:
+      return whole["images"][index_N], whole["labels"][index_N]
+    rows = read_examples(source, index_N.tolist())
+    return (np.stack([np.asarray(r["image"]) for r in rows]),
+            np.array([r["label"] for r in rows], np.int32))
 
-  ds = ds.random_map(features, seed=seed or 0) if random_flip or random_shift else ds.map(features)
-  return batches(ds, batch_size, drop_remainder, num_threads, shard_index, shard_count, workers)
+  def chunk(e_R):
+    real_R = e_R >= 0
+    pixels_N, labels_N = read(np.array([order[int(e)] for e in e_R[real_R]], np.int64))
+    x_NxHxWxC = pixels_N.astype(np.float32) / 255.0
+    if x_NxHxWxC.ndim == 3:
+      x_NxHxWxC = x_NxHxWxC[..., None]
+    if random_flip or random_shift:
+      x_NxHxWxC = augment_images(x_NxHxWxC, mlm_lib.counter_uniforms(seed or 0, e_R[real_R], 3),
+                                 random_flip, random_shift)
+    images = np.zeros((len(e_R),) + x_NxHxWxC.shape[1:], np.float32)
+    images[real_R] = (x_NxHxWxC - mean) / std
+    labels = np.zeros(len(e_R), np.int32)
+    labels[real_R] = labels_N
+    return {"images": images, "labels": labels, "example_weights": real_R.astype(np.float32)}
+
+  return in_workers(chunk_indices(len(order), batch_size, drop_remainder=drop_remainder,
+                                  shard_index=shard_index, shard_count=shard_count).map(chunk),
+                    num_threads, workers)
 
 
-def augment_image(x_HxWxC: np.ndarray, rng: np.random.Generator, flip: bool,
-                  shift: int) -> np.ndarray:
-  """A left-right mirror with probability 1/2 (`flip`), then a shift by up to `shift`
-  pixels along each axis, vacated pixels 0."""
-  if flip and rng.random() < 0.5:
-    x_HxWxC = x_HxWxC[:, ::-1]
-  if shift:
-    h, w = x_HxWxC.shape[:2]
-    dy, dx = rng.integers(-shift, shift + 1, size=2)
-    padded = np.pad(x_HxWxC, ((shift, shift), (shift, shift), (0, 0)))
-    x_HxWxC = padded[shift - dy: shift - dy + h, shift - dx: shift - dx + w]
-  return np.ascontiguousarray(x_HxWxC)
+def augment_images(x_NxHxWxC: np.ndarray, uniforms: mlm_lib.Uniforms, flip: bool,
+                   shift: int) -> np.ndarray:
+  """Per image: a left-right mirror with probability 1/2 (`flip`, draw 0), then a shift
+  by up to `shift` pixels along each axis (draws 1, 2), vacated pixels 0."""
+  u_Nx3 = uniforms(0)
+  if flip:
+    mirror_N = u_Nx3[:, 0] < 0.5
+    x_NxHxWxC = np.where(mirror_N[:, None, None, None], x_NxHxWxC[:, :, ::-1], x_NxHxWxC)
+  if not shift:
+    return x_NxHxWxC
+  n, h, w = x_NxHxWxC.shape[:3]
+  dy_N, dx_N = (np.floor(u_Nx3[:, 1:] * (2 * shift + 1)).astype(np.int64) - shift).T
+  padded = np.pad(x_NxHxWxC, ((0, 0), (shift, shift), (shift, shift), (0, 0)))
+  out = np.empty_like(x_NxHxWxC)
+  for i in range(n):
+    out[i] = padded[i, shift - dy_N[i]: shift - dy_N[i] + h, shift - dx_N[i]: shift - dx_N[i] + w]
+  return out
 
 
 def series_pipeline(source, *, length: int, batch_size: int, seed: int | None = 0,
                     num_epochs: int | None = 1, shard_index=None, shard_count=None,
-                    drop_remainder: bool = False,
-                    num_threads: int = 0, workers: int = 0) -> grain.IterDataset:
-  """`series` [L_i, F] → `inputs` [length, F] (missing values → 0, masked) + mask."""
+                    drop_remainder: bool = False, num_threads: int = 0, workers: int = 0,
+                    random_shift: int = 0, random_scale: float = 0.0) -> grain.IterDataset:
+  """`series` [L_i, F] → `inputs` [length, F] (missing values → 0, masked) + mask.
+
+  Augmentation (train): `random_shift` moves each series by up to that many steps
+  (vacated steps are masked out, steps moved past the end dropped); `random_scale`
+  multiplies it by a factor in [1 - s, 1 + s]."""
   ds = examples(source, seed=seed, num_epochs=num_epochs)
 
-  def features(ex):
+  def features(ex, rng=None):
     s_LxF = np.asarray(ex["series"], np.float32)
     if len(s_LxF) > length:
       raise DataError(f"{as_text(ex.get('origin', b'?'))}: series of {len(s_LxF)} steps > "
@@ -412,8 +451,27 @@ def series_pipeline(source, *, length: int, batch_size: int, seed: int | None = 
     x_LxF[: len(s_LxF)] = np.nan_to_num(s_LxF)
     mask_L = np.zeros(length, np.int32)
     mask_L[: len(s_LxF)] = ~np.isnan(s_LxF).any(axis=1)
+    if rng is not None:
+      x_LxF, mask_L = augment_series(x_LxF, mask_L, rng, random_shift, random_scale)
     return {"inputs": x_LxF, "attention_mask": mask_L, "labels": np.int32(ex["label"]),
             "example_weights": np.float32(1.0)}
 
-  return batches(ds.map(features), batch_size, drop_remainder, num_threads,
-                 shard_index, shard_count, workers)
+  ds = (ds.random_map(features, seed=seed or 0) if random_shift or random_scale
+        else ds.map(features))
+  return batches(ds, batch_size, drop_remainder, num_threads, shard_index, shard_count, workers)
+
+
+def augment_series(x_LxF: np.ndarray, mask_L: np.ndarray, rng: np.random.Generator,
+                   shift: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
+  """A shift by up to `shift` steps either way (vacated steps 0 and masked), then a
+  scale by a factor drawn from [1 - scale, 1 + scale]."""
+  if shift:
+    d = int(rng.integers(-shift, shift + 1))
+    x_LxF, mask_L = np.roll(x_LxF, d, axis=0), np.roll(mask_L, d)
+    if d > 0:
+      x_LxF[:d], mask_L[:d] = 0, 0
+    elif d < 0:
+      x_LxF[d:], mask_L[d:] = 0, 0
+  if scale:
+    x_LxF = x_LxF * np.float32(rng.uniform(1 - scale, 1 + scale))
+  return x_LxF, mask_L

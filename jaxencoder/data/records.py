@@ -6,8 +6,9 @@
   multilabel       text, labels, [text_b]                     labels [C] float32 (multi-hot)
   regression       text, target, [text_b]                     targets float32
   multiple_choice  text, choice_0 .. choice_{C-1}, label      text arrays [C, L] (text, choice_c)
-  contrastive      text, text_b, [negative]                   text arrays [K, L]: K = 2, or 3
-                                                              with a hard negative
+  contrastive      text, [text_b, [negative]]                 text arrays [K, L]: K = 2, or 3
+                                                              with a hard negative; [L] for
+                                                              text alone (SimCSE: dropout views)
 
 Text arrays: input_ids, token_type_ids, attention_mask, segment_ids, positions ([L],
 padded to seq_len). Every example has `example_weights` (0 for a span whose answer the
@@ -28,7 +29,7 @@ TEXT_KEYS = ("input_ids", "token_type_ids")
 TEXT_ARRAYS = ("input_ids", "token_type_ids", "attention_mask", "segment_ids", "positions")
 COLUMNS = {"span": ("context", "answer"), "multilabel": ("text", "labels"),
            "regression": ("text", "target"), "multiple_choice": ("text", "choice_0", "label"),
-           "contrastive": ("text", "text_b")}
+           "contrastive": ("text",)}
 Example = dict[str, Any]
 
 
@@ -106,8 +107,12 @@ def multiple_choice(tokenizer, seq_len: int, **_) -> Callable[[Example], Example
 
 
 def contrastive(tokenizer, seq_len: int, **_) -> Callable[[Example], Example]:
-  """text, its positive text_b and (if the column exists) a hard negative: [K, L]."""
+  """text, its positive text_b and (if the column exists) a hard negative: [K, L]; a
+  text alone (no text_b column): [L], its positive is itself under other dropout."""
   def fn(ex):
+    if "text_b" not in ex:
+      return {**encode(tokenizer, as_text(ex["text"]), None, seq_len),
+              "example_weights": np.float32(1.0)}
     texts = [as_text(ex[k]) for k in ("text", "text_b", "negative") if k in ex]
     rows = [encode(tokenizer, t, None, seq_len) for t in texts]
     return {**_stacked(rows), "example_weights": np.float32(1.0)}

@@ -11,6 +11,8 @@
                           (text, choice_0..choice_3, label)
   shakespeare_pairs       consecutive lines of a speech as a positive pair, another line
                           of the same play as a hard negative (text, text_b, negative)
+  shakespeare_speeches    the speeches of at least MIN_SPEECH_WORDS words, unlabelled
+                          (text): for contrastive views (data/span_views.py)
 
 Each is a text_records source (train.csv, test.csv) written under data_dir/raw/<name> by
 `write`, from the fetched Gutenberg texts. A speech goes wholly to one split (1 in 10 to
@@ -32,9 +34,10 @@ from etils import epath
 from jaxencoder.data import readers
 
 SOURCES = ("shakespeare_span", "shakespeare_multilabel", "shakespeare_regression",
-           "shakespeare_choice", "shakespeare_pairs")
+           "shakespeare_choice", "shakespeare_pairs", "shakespeare_speeches")
 MAX_TRAIN, MAX_TEST = 12_000, 1_000  # examples per split (a seeded sample when more)
 MAX_WORDS = 60  # a speech's first words kept for the speech-level tasks
+MIN_SPEECH_WORDS = 8  # shakespeare_speeches: shorter ones have no two halves worth matching
 
 # Year each play was written (usual estimates; poems are left out).
 PLAY_YEARS = {
@@ -191,9 +194,18 @@ def pair_rows(speeches: list[Speech], names, rng) -> list[dict]:
           for s, a, b, others in _line_pairs(speeches, rng, 1)]
 
 
+def speech_rows(speeches: list[Speech], names, rng) -> list[dict]:
+  rows = []
+  for s in speeches:
+    words = " ".join(s.lines).split()
+    if len(words) >= MIN_SPEECH_WORDS:
+      rows.append({"text": " ".join(words[:MAX_WORDS]), "_split": s.split})
+  return rows
+
+
 ROWS = {"shakespeare_span": span_rows, "shakespeare_multilabel": multilabel_rows,
         "shakespeare_regression": regression_rows, "shakespeare_choice": choice_rows,
-        "shakespeare_pairs": pair_rows}
+        "shakespeare_pairs": pair_rows, "shakespeare_speeches": speech_rows}
 
 
 def write(name: str, raw_dir, out) -> None:

@@ -90,12 +90,20 @@ def base_config() -> ml_collections.ConfigDict:
       packing="pad",  # pad | pack (MLM)
       mask_rate=0.15,
       whole_word=False,
+      # contrastive on a text_corpus: the positive of a text is "dropout" (the text itself,
+      # another dropout mask: SimCSE) or "halves" (its first half's positive is its second)
+      views="dropout",
       min_words=3,  # seq2seq: sentences of min_words..max_words words to restore
       max_words=10,
       eval_split="",  # "" = hold out every `holdout_every`-th train example
       holdout_every=20,
+      # a split evaluated once after training, with the checkpoint kept as best on the eval
+      # split (best_metric), reported as test_* metrics; "" = none
+      test_split="",
       random_flip=False,  # image_arrays, train: mirror half the images left-right
-      random_shift=0,  # image_arrays, train: shift each image by up to this many pixels
+      random_shift=0,  # train: shift each image by up to this many pixels (image_arrays),
+      #                  each series by up to this many steps (time_series)
+      random_scale=0.0,  # time_series, train: scale each series by a factor in [1 - s, 1 + s]
       num_threads=0,  # grain read threads per process (0: read in the caller)
       # grain worker processes making the train batches (the same batches for any
       # number); -1: 0 when the step runs on the CPU (it needs the cores), else
@@ -118,6 +126,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim = default_optim_config()
   c.optim.total_steps = 0  # 0: follow num_train_steps
   c.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
+  c.cpu_devices = 0  # >0: split the host CPU into this many devices (small models on few
+  #                    cores run faster data-parallel; train/sharding.py use_cpu_devices)
   c.logical_axis_rules = [(name, axes) for name, axes in DEFAULT_RULES]
   c.init_from = ""  # a run / converted checkpoint dir, a Hugging Face dir, or "minilm":
   #                   its encoder params and architecture
@@ -300,9 +310,10 @@ def _sha256(path) -> str:
 # `allow_config_change` is set.
 RESUMABLE_CHANGES = (
     "num_train_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
-    "best_metric", "eval_batch_size", "progress_bar", "mesh_shape", "logical_axis_rules",
+    "best_metric", "eval_batch_size", "progress_bar", "mesh_shape", "cpu_devices",
+    "logical_axis_rules",
     "parallelism", "init_from", "model_overrides", "allow_config_change", "data.num_threads",
-    "data.workers", "data.tokenize_once",
+    "data.workers", "data.tokenize_once", "data.test_split",
     "optim.learning_rate", "optim.warmup_steps", "optim.total_steps", "optim.schedule",
     "optim.end_lr_factor", "optim.weight_decay", "optim.grad_clip_norm",
     "model.dropout_rate", "model.attention_dropout_rate", "model.mlp_dropout_rate",

@@ -201,11 +201,13 @@ def load_encoder(state: steps.TrainState, init_from: str, shardings) -> steps.Tr
   return state.replace(params={**state.params, ENCODER: encoder})
 
 
-def evaluate(run: Run, eval_step, signals: StopSignals | None = None) -> dict[str, float] | None:
-  """Deterministic metrics over the whole eval split; None if a stop signal cut it short."""
+def evaluate(run: Run, eval_step, signals: StopSignals | None = None, *,
+             make_batches=None) -> dict[str, float] | None:
+  """Deterministic metrics over the whole eval split (or `make_batches()`'s); None if a
+  stop signal cut it short."""
   totals = None
   with steps.mesh_context(run.mesh, run.rules):
-    for batch in run.pipelines.make_eval():
+    for batch in (make_batches or run.pipelines.make_eval)():
       if signals is not None and signals.requested():
         return None
       sums = eval_step(run.state.params, sharding_lib.put_batch(batch, run.mesh))
@@ -242,12 +244,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   """
   started = time.perf_counter()
   config = finalize(ml_collections.ConfigDict(config.to_dict()))
+  sharding_lib.use_cpu_devices(config.cpu_devices)
   use_compilation_cache(config.compilation_cache_dir)
   with StopSignals() as signals:
     run = setup(config, workdir)
     run.timings["setup_s"] = time.perf_counter() - started
     try:
       metrics = _train(run, signals)
+      if run.pipelines.make_test is not None:
+        metrics = {**metrics, **test_best(run)}
     finally:
       run.checkpointer.wait()
       last = run.checkpointer.latest_step()
@@ -259,6 +264,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   return metrics
 
 
+def test_best(run: Run) -> dict[str, float]:
+  """`data.test_split`'s metrics (keys `test_*`) of the checkpoint kept as best on the eval
+  split (`best_metric`; the newest without one): the split that picks the checkpoint is not
+  the one reported."""
+  run.checkpointer.wait()
+  step = run.checkpointer.best_step() or run.checkpointer.latest_step()
+  if step != int(run.state.step):
+    example = next(iter(run.pipelines.make_test()))  # any batch: params do not depend on B
+    abstract = steps.abstract_state(run.task, run.tx, example, run.mesh, run.rules,
+                                    shardings=run.shardings)
+    run.state = run.checkpointer.restore(step, abstract_state=abstract, with_data=False)[0]
+  metrics = evaluate(run, steps.jit_eval_step(run.task, run.shardings, run.mesh),
+                     make_batches=run.pipelines.make_test)
+  run.writer.write(step, "test", metrics)
+  log.info("test split %r with step %d (best eval %s): %s", run.config.data.test_split, step,
+           run.config.best_metric, _fmt(metrics))
+  return {f"test_{k}": v for k, v in metrics.items()}
+
+
 def evaluate_run(config: ml_collections.ConfigDict | None, workdir) -> dict[str, float]:
   """Eval-only: the eval metrics of a run's newest restorable checkpoint (nothing written).
   `config` None: the config stored with the run."""
@@ -267,6 +291,7 @@ def evaluate_run(config: ml_collections.ConfigDict | None, workdir) -> dict[str,
     config = ml_collections.ConfigDict(source.read_config())
     config.init_from = ""  # the run's own checkpoint holds the weights
   config = finalize(ml_collections.ConfigDict(config.to_dict()))
+  sharding_lib.use_cpu_devices(config.cpu_devices)
   use_compilation_cache(config.compilation_cache_dir)
   run = setup(config, workdir)
   try:

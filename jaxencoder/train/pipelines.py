@@ -14,7 +14,7 @@ from jax.experimental import multihost_utils
 
 from jaxencoder.data import builders
 from jaxencoder.data import fetch as fetch_lib
-from jaxencoder.data import pairs, pipeline, shuffled_words, sources, token_ids
+from jaxencoder.data import pairs, pipeline, shuffled_words, sources, span_views, token_ids
 from jaxencoder.data.readers import DataError
 from jaxencoder.io.paths import as_path
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
@@ -26,12 +26,14 @@ TEXT_KINDS = ("text_corpus", "text_classification", "tagged_tokens", "text_recor
 
 @dataclasses.dataclass
 class Pipelines:
-  """`train`: an endless IterDataset; `make_eval()`: a fresh one-epoch IterDataset."""
+  """`train`: an endless IterDataset; `make_eval()` / `make_test()`: a fresh one-epoch
+  IterDataset of the eval / test split (`make_test` None without data.test_split)."""
   train: grain.IterDataset
   make_eval: Callable[[], grain.IterDataset]
   num_classes: int | None
   tokenizer: Tokenizer | None
   train_workers: int = 0  # processes making the train batches (their state's layout)
+  make_test: Callable[[], grain.IterDataset] | None = None
 
 
 class Subset:
@@ -196,9 +198,13 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
     return pipeline.check_ids(ds, id_limits(config.model),
                               f"tokenizer {tokenizer_path(data_cfg)} on {name}")
 
+  make_test = None
+  if data_cfg.test_split:
+    test_src = sources.open_source(name, data_cfg.test_split, as_path(data_cfg.data_dir) / "tfds")
+    make_test = lambda: build(test_src, config.eval_batch_size, 1, False)  # noqa: E731
   return Pipelines(build(train_src, config.batch_size, None, True),
                    lambda: build(eval_src, config.eval_batch_size, 1, False),
-                   num_classes, tok, train_workers)
+                   num_classes, tok, train_workers, make_test)
 
 
 def stores_token_ids(config) -> bool:
@@ -238,6 +244,13 @@ def _pipeline(config, tok, src, *, batch_size, num_epochs, train, num_classes=No
     return shuffled_words.shuffled_words_pipeline(
         src, tok, seq_len=data_cfg.seq_len, min_words=data_cfg.min_words,
         max_words=data_cfg.max_words, drop_remainder=train, **kw)
+  if config.task == "contrastive" and data_cfg.views != "dropout":
+    if data_cfg.views != "halves" or data_cfg.kind not in ("text_corpus", "text_records"):
+      raise ValueError(f"data.views={data_cfg.views!r} with data.kind={data_cfg.kind!r}: views "
+                       "are 'dropout' (SimCSE: a text twice) or, for text_corpus / text_records "
+                       "texts, 'halves' (a text's first and second half)")
+    return span_views.halves_pipeline(src, tok, seq_len=data_cfg.seq_len, drop_remainder=train,
+                                      **kw)
   if data_cfg.kind == "text_corpus":
     return _masked_text_pipeline(config, tok, src, train=train, **kw)
   if data_cfg.kind == "text_classification":
@@ -248,7 +261,9 @@ def _pipeline(config, tok, src, *, batch_size, num_epochs, train, num_classes=No
     return pipeline.image_pipeline(src, random_flip=train and data_cfg.random_flip,
                                    random_shift=data_cfg.random_shift if train else 0, **kw)
   if data_cfg.kind == "time_series":
-    return pipeline.series_pipeline(src, length=data_cfg.seq_len, **kw)
+    return pipeline.series_pipeline(src, length=data_cfg.seq_len,
+                                    random_shift=data_cfg.random_shift if train else 0,
+                                    random_scale=data_cfg.random_scale if train else 0.0, **kw)
   if data_cfg.kind == "text_records":
     return pipeline.records_pipeline(src, tok, task=config.task, seq_len=data_cfg.seq_len,
                                      num_labels=num_classes, index_examples=not train, **kw)
@@ -263,6 +278,12 @@ def _masked_text_pipeline(config, tok, src, *, train, **kw) -> grain.IterDataset
   rate = data_cfg.mask_rate if task in MASKED_TASKS else 0.0
   spec = pipeline.default_mask(tok, rate=rate, whole_word=data_cfg.whole_word)
   mode = data_cfg.packing if train else "pad"
+  if task == "contrastive" and data_cfg.views != "dropout":
+    if data_cfg.views != "halves":
+      raise ValueError(f"data.views={data_cfg.views!r} is not one of 'dropout' (SimCSE: a text "
+                       "twice) or 'halves' (a text's first and second half)")
+    return span_views.halves_pipeline(src, tok, seq_len=data_cfg.seq_len, drop_remainder=train,
+                                      **kw)
   if task not in SENTENCE_PAIR_TASKS:
     return pipeline.mlm_pipeline(src, tok, seq_len=data_cfg.seq_len, mode=mode, mask=spec,
                                  drop_remainder=train, **kw)
