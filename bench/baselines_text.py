@@ -105,8 +105,8 @@ def pair_retrieval(data_dir, runs) -> list[dict]:
   speeches = [r["text"] for r in
               readers.read_records(fetch.fetch("shakespeare_speeches", data_dir) / "test.csv")]
   halves = speech_halves(speeches, Tokenizer.from_file(default_tokenizer_path()))
-  tasks = {"next line (shakespeare_pairs test)":
-               ([r["text"] for r in rows], [r["text_b"] for r in rows] + [r["negative"] for r in rows]),
+  next_lines = [r["text_b"] for r in rows] + [r["negative"] for r in rows]
+  tasks = {"next line (shakespeare_pairs test)": ([r["text"] for r in rows], next_lines),
            "second half (shakespeare_speeches test)": halves}
   models = {"MiniLM (step 0)": str(default_tokenizer_path())}
   out = []
@@ -126,13 +126,15 @@ def pair_retrieval(data_dir, runs) -> list[dict]:
   return out
 
 
-def speech_halves(texts, tokenizer) -> tuple[list[str], list[str]]:
-  """(first halves, second halves) of `texts`, cut where span_views.split_point cuts."""
+def speech_halves(texts, tokenizer, seq_len: int = 32) -> tuple[list[str], list[str]]:
+  """(first halves, second halves) of `texts`, cut where training at `seq_len` cuts them:
+  span_views.split_point on the first 2 x seq_len - 2 tokens (`embed` then keeps each
+  half's first seq_len - 2)."""
   from jaxencoder.data.span_views import split_point
   firsts, seconds = [], []
   for text in texts:
     enc = tokenizer.encode(text, offsets=True)
-    cut = split_point(np.asarray(enc["word_ids"][1:-1]))
+    cut = split_point(np.asarray(enc["word_ids"][1:-1][:2 * seq_len - 2]))
     at = int(enc["offsets"][1 + cut][0]) if cut else len(text)
     firsts.append(text[:at].strip())
     seconds.append(text[at:].strip() or text)

@@ -15,17 +15,19 @@ projection head is for training only), before (MiniLM itself) and after: each te
 speech's first half ranking all 1,000 test second halves, and each `shakespeare_pairs`
 test line ranking 2,000 candidates (the 1,000 next lines, 1,000 hard negatives).
 Measured 2026-12-01 on the 2-core CPU machine, idle: 100 steps, 4 min 30 s wall (2.4-2.8 s a
-step, conversion of MiniLM and the data made on first use included); `python
-bench/baselines_text.py --simcse runs/simcse` (43 s), recall@1 / recall@5 / MRR:
-  held-out second halves (1,000 test speeches)  MiniLM 0.054 / 0.105 / 0.089
-                                                 after  0.071 / 0.156 / 0.124
-                                                 TF-IDF 0.046 / 0.082 / 0.074
+step, conversion of MiniLM and the data made on first use included); then
+`python bench/baselines_text.py --simcse runs/simcse runs/simcse_dropout` (97 s),
+recall@1 / recall@5 / MRR:
+  held-out second halves (1,000 test speeches)  MiniLM 0.060 / 0.111 / 0.095
+                                                 after  0.080 / 0.172 / 0.134
+                                                 TF-IDF 0.049 / 0.084 / 0.076
   next line (shakespeare_pairs test)            MiniLM 0.023 / 0.053 / 0.043
                                                  after  0.020 / 0.056 / 0.043 (no change)
 train.py's eval (second half among 64, test speeches): recall@1 0.229, MRR 0.382.
-With views=dropout (SimCSE proper), same speeches and steps: halves 0.052 / 0.111 / 0.089,
-next line 0.025 / 0.055 / 0.044, i.e. no change from MiniLM: its two dropout views of a
-text are matched from step 10 on (loss 5e-4, then 2e-5), so there is nothing to learn.
+With views=dropout (SimCSE proper; --workdir runs/simcse_dropout), same speeches and
+steps: halves 0.058 / 0.113 / 0.094, next line 0.025 / 0.055 / 0.044, i.e. no change
+from MiniLM: its two dropout views of a text are matched from step 10 on (loss 5e-4, then
+2e-5), so there is nothing to learn.
 """
 
 from jaxencoder.train.config import base_config

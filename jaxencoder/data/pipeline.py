@@ -377,20 +377,21 @@ def image_pipeline(source, *, batch_size: int, mean: float = 0.5, std: float = 0
   worker or process count.
   """
   order = examples(np.arange(len(source)), seed=seed, num_epochs=num_epochs)
-  whole = {}  # the split's images [N, H, W(, C)] uint8 and labels [N], read on first use
+  held = {}  # "split": (images [N, H, W(, C)] uint8, labels [N]) if it fits, else None
 
-  def read(index_N):
-    if not whole and len(source) * np.asarray(source[0]["image"]).nbytes <= IMAGES_IN_MEMORY:
-      blocks = [read_examples(source, list(range(i, min(i + 4096, len(source)))))
-                for i in range(0, len(source), 4096)]
-      rows = [r for block in blocks for r in block]
-      whole.update(images=np.stack([np.asarray(r["image"]) for r in rows]),
-                   labels=np.array([r["label"] for r in rows], np.int32))
-    if whole:
-      return whole["images"][index_N], whole["labels"][index_N]
-    rows = read_examples(source, index_N.tolist())
+  def stack(rows):
     return (np.stack([np.asarray(r["image"]) for r in rows]),
             np.array([r["label"] for r in rows], np.int32))
+
+  def read(index_N):
+    if "split" not in held:  # decided once, on the first batch
+      fits = len(source) * np.asarray(source[0]["image"]).nbytes <= IMAGES_IN_MEMORY
+      held["split"] = stack([r for i in range(0, len(source), 4096) for r in read_examples(
+          source, list(range(i, min(i + 4096, len(source)))))]) if fits else None
+    if held["split"] is None:
+      return stack(read_examples(source, index_N.tolist()))
+    images, labels = held["split"]
+    return images[index_N], labels[index_N]
 
   def chunk(e_R):
     real_R = e_R >= 0

@@ -270,10 +270,9 @@ def test_best(run: Run) -> dict[str, float]:
   the one reported."""
   run.checkpointer.wait()
   step = run.checkpointer.best_step() or run.checkpointer.latest_step()
-  if step != int(run.state.step):
-    example = next(iter(run.pipelines.make_test()))  # any batch: params do not depend on B
-    abstract = steps.abstract_state(run.task, run.tx, example, run.mesh, run.rules,
-                                    shardings=run.shardings)
+  if step != int(run.state.step):  # the final state gives the shapes and shardings
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            run.state)
     run.state = run.checkpointer.restore(step, abstract_state=abstract, with_data=False)[0]
   metrics = evaluate(run, steps.jit_eval_step(run.task, run.shardings, run.mesh),
                      make_batches=run.pipelines.make_test)

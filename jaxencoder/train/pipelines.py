@@ -278,12 +278,6 @@ def _masked_text_pipeline(config, tok, src, *, train, **kw) -> grain.IterDataset
   rate = data_cfg.mask_rate if task in MASKED_TASKS else 0.0
   spec = pipeline.default_mask(tok, rate=rate, whole_word=data_cfg.whole_word)
   mode = data_cfg.packing if train else "pad"
-  if task == "contrastive" and data_cfg.views != "dropout":
-    if data_cfg.views != "halves":
-      raise ValueError(f"data.views={data_cfg.views!r} is not one of 'dropout' (SimCSE: a text "
-                       "twice) or 'halves' (a text's first and second half)")
-    return span_views.halves_pipeline(src, tok, seq_len=data_cfg.seq_len, drop_remainder=train,
-                                      **kw)
   if task not in SENTENCE_PAIR_TASKS:
     return pipeline.mlm_pipeline(src, tok, seq_len=data_cfg.seq_len, mode=mode, mask=spec,
                                  drop_remainder=train, **kw)
