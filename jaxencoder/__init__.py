@@ -1,7 +1,11 @@
 """jaxencoder: Transformer encoders in JAX/Flax, for text, image patches and time series
 (and a decoder for encoder-decoder models)."""
 
-from jaxencoder.config import PRESETS, EncoderConfig
+from jaxencoder.tpu_host import quiet_libtpu_probe
+
+quiet_libtpu_probe()  # before JAX starts a backend: libtpu on a host without TPU chips
+
+from jaxencoder.config import PRESETS, EncoderConfig  # noqa: E402
 from jaxencoder.decoder import Decoder, EncoderDecoder, decoder_config, greedy_decode
 from jaxencoder.electra import Electra
 from jaxencoder.encoder import BlockInputs, Encoder, EncoderBlock, EncoderOutput

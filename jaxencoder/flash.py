@@ -10,8 +10,8 @@
   go in as segment ids; causal and sliding windows as its static masks, whose fully
   masked blocks it skips. Off TPU it runs in Pallas interpret mode (slow: for tests).
 
-`plan_attention` picks the implementation for one call from the config, the backend and
-what the call needs; a kernel that cannot serve the call falls back to `xla` with one
+`plan_attention` picks the implementation for one call from the config, the target (the
+platform of the mesh being compiled for, else the default backend) and what the call needs; a kernel that cannot serve the call falls back to `xla` with one
 logged line that says why.
 """
 
@@ -54,6 +54,15 @@ def _explain_once(message: str) -> None:
     log.warning("%s", message)
 
 
+def target_backend() -> str:
+  """The platform the program is compiled for: that of the active mesh's devices (so a CPU
+  host compiling for a TPU topology plans for the TPU), else JAX's default backend."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+  platform = getattr(device, "platform", None) or jax.default_backend()
+  return "gpu" if platform in ("cuda", "rocm") else platform
+
+
 def max_cudnn_head_dim() -> int:
   """cuDNN's flash limit: 256 from Hopper (compute capability 9.0) on, else 128."""
   capability = getattr(jax.devices()[0], "compute_capability", "0")
@@ -81,7 +90,7 @@ def plan_attention(cfg: EncoderConfig, *, output_attentions: bool = False,
   `sparse_queries`: queries are a gathered subset of rows (the sparse last block), so
   query i is not key i and a causal / window mask cannot be a kernel's static one.
   """
-  backend = backend or jax.default_backend()
+  backend = backend or target_backend()
   impl = cfg.attention_impl
   if impl == "auto":
     impl = AUTO_KERNEL.get(backend, "xla")

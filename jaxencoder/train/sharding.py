@@ -70,10 +70,28 @@ def use_cpu_devices(count: int) -> None:
 
 
 def make_mesh(requested: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Mesh over axes (data, fsdp, tensor); -1 takes the remaining devices."""
+  """Mesh over axes (data, fsdp, tensor); -1 takes the remaining devices. TPU devices are
+  laid out along the chips' torus (jax's mesh_utils), others in order."""
   devices = list(devices if devices is not None else jax.devices())
   shape = mesh_shape(requested, len(devices))
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+  return Mesh(_device_grid(shape, devices), MESH_AXES)
+
+
+def _device_grid(shape: tuple[int, ...], devices: list) -> np.ndarray:
+  """Devices as an array of `shape`: on TPU, neighbours on the mesh are neighbours on the
+  interconnect; a multi-slice job puts the data axis across slices when it divides."""
+  if devices[0].platform != "tpu":
+    return np.asarray(devices).reshape(shape)
+  from jax.experimental import mesh_utils
+  slices = len({getattr(d, "slice_index", 0) for d in devices})
+  try:
+    if slices > 1 and shape[0] % slices == 0:
+      per_slice = (shape[0] // slices, *shape[1:])
+      return mesh_utils.create_hybrid_device_mesh(per_slice, (slices, 1, 1), devices)
+    return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+  except (ValueError, NotImplementedError, AssertionError) as e:  # a shape the torus cannot take
+    log.info("mesh %s laid out in device order (%s)", shape, e)
+    return np.asarray(devices).reshape(shape)
 
 
 def rules_from_config(rules) -> tuple[tuple[str, Any], ...]:

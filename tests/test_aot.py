@@ -1,0 +1,265 @@
+"""Ahead-of-time compiles for Cloud TPU on this CPU host (libtpu's deviceless topologies):
+the real TPU compiler runs, so what fits and which kernels compiled are the TPU's answer.
+
+libtpu is in the test extra; without it these tests fail naming `pip install
+'jaxencoder[tpu]'` (no skip)."""
+
+import json
+import logging
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from jaxencoder import flash
+from jaxencoder.aot import hlo
+from jaxencoder.aot.__main__ import main
+from jaxencoder.aot.report import compile_config
+from jaxencoder.aot.targets import GIB, UnknownTopologyError, parse_target, target_devices
+from jaxencoder.train.config import apply_overrides, base_config, encoder_config, finalize
+from jaxencoder.train.sharding import make_mesh
+
+SMALL = ["model.vocab_size=8192", "model.num_layers=1", "model.emb_dim=256",
+         "model.num_heads=2", "model.mlp_dim=1024", "model.dtype=bfloat16",
+         "model.attention_dropout_rate=0.0", "data.seq_len=128", "batch_size=32",
+         "eval_batch_size=32", "mesh_shape=(1, -1, 1)", "model.attention_impl=auto"]
+
+
+def small_config(*overrides):
+  config = base_config()
+  apply_overrides(config, SMALL + list(overrides))
+  return finalize(ml_collections.ConfigDict(config.to_dict()))
+
+
+@pytest.fixture(scope="module")
+def v5e_report():
+  """The small MLM config's train and eval steps compiled for 4 v5e chips (FSDP over 4).
+  At JAX's default matmul precision: Mosaic refuses the splash kernel's bf16 products at
+  the suite's 'highest' (conftest.py), as it would for a user who sets it."""
+  with jax.default_matmul_precision("default"):
+    return compile_config(small_config(), parse_target("v5e:2x2"))
+
+
+@pytest.fixture(autouse=True)
+def _keep_log_handlers():
+  """main() points logging at the (captured) stderr; later tests must not write there."""
+  handlers = logging.root.handlers[:]
+  yield
+  logging.root.handlers[:] = handlers
+
+
+def test_mosaic_refusing_a_kernel_is_the_compile_error(capsys):
+  """What a deviceless compile is for: the TPU compiler's own verdict, in one line."""
+  report = compile_config(small_config(), parse_target("v5e:2x2"), steps=("eval",))
+  eval_ = report["steps"]["eval"]
+  assert not eval_["compiled"] and not report["fits"]
+  assert eval_["error"].startswith("INTERNAL: Mosaic failed to compile TPU kernel")
+  assert report["verdict"].startswith("does not compile: eval step: INTERNAL: Mosaic")
+
+
+# ---------------------------------------------------------------- targets
+@pytest.mark.parametrize("name,chips,grid,hosts", [
+    ("v4-8", 4, (2, 2, 1), 1), ("v4-32", 16, (2, 2, 4), 4), ("v5p-8", 4, (2, 2, 1), 1),
+    ("v5p-128", 64, (4, 4, 4), 16), ("v5e-1", 1, (1, 1), 1), ("v5litepod-8", 8, (2, 4), 1),
+    ("v5e-16", 16, (4, 4), 4), ("v6e-8", 8, (2, 4), 1), ("v6e-256", 256, (16, 16), 64),
+    ("v5e:2x4", 8, (2, 4), 1), ("v5p:2x2x2", 8, (2, 2, 2), 2)])
+def test_cloud_names_are_slices_of_chips(name, chips, grid, hosts):
+  target = parse_target(name)
+  assert (target.num_chips, target.grid, target.hosts) == (chips, grid, hosts)
+
+
+@pytest.mark.parametrize("name,devices,processes", [
+    ("v4-8", 4, 1), ("v5e-8", 8, 1), ("v5p-32", 16, 4), ("v6e-1", 1, 1)])
+def test_devices_are_one_per_chip_with_the_slice_hosts(name, devices, processes):
+  found = target_devices(parse_target(name))
+  assert len(found) == devices  # megacore: one device per v4 / v5p chip, not per core
+  assert len({d.process_index for d in found}) == processes
+  assert found[0].platform == "tpu"
+
+
+def test_more_slices_multiply_the_devices_and_split_the_data_axis():
+  devices = target_devices(parse_target("v5e-4", slices=2))
+  assert len(devices) == 8 and {d.slice_index for d in devices} == {0, 1}
+  mesh = make_mesh((2, -1, 1), devices)
+  for row, slice_index in zip(mesh.devices, (0, 1)):  # data axis = across slices
+    assert {d.slice_index for d in row.flat} == {slice_index}
+
+
+@pytest.mark.parametrize("name", ["v9-8", "v5e-3", "v4-6", "tpu", "v5e:2x2x2", "h100-12"])
+def test_an_unknown_topology_names_the_accepted_forms(name):
+  with pytest.raises(UnknownTopologyError, match="v5e-8.*v5e:2x4"):
+    parse_target(name)
+
+
+def test_the_cli_exits_2_on_an_unknown_topology(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    main(["--config", "configs/mlm_tiny.py", "--topology", "v9-8"])
+  assert exit_.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: unknown topology 'v9-8'") and "v5litepod-8" in err
+  assert len(err.splitlines()) == 1
+
+
+# ---------------------------------------------------------------- the attention plan
+def test_auto_attention_plans_for_the_mesh_being_compiled_for_not_the_host():
+  cfg = encoder_config(small_config())
+  assert flash.plan_attention(cfg) == flash.AttentionPlan("xla")  # this host: CPU
+  tpu_mesh = make_mesh((1, -1, 1), target_devices(parse_target("v5e:2x2")))
+  with jax.sharding.use_abstract_mesh(tpu_mesh.abstract_mesh):
+    assert flash.plan_attention(cfg) == flash.AttentionPlan("splash", interpret=False)
+  splash = encoder_config(small_config("model.attention_impl=splash"))
+  assert flash.plan_attention(splash) == flash.AttentionPlan("splash", interpret=True)
+
+
+# ---------------------------------------------------------------- compiled for v5e
+def test_splash_compiles_natively_for_tpu_and_the_hlo_holds_its_kernels(v5e_report):
+  train, eval_ = v5e_report["steps"]["train"], v5e_report["steps"]["eval"]
+  assert train["compiled"] and eval_["compiled"] and v5e_report["fits"]
+  assert hlo.splash_calls(eval_["kernels"]) == {"fwd": 1}  # one layer, forward only
+  train_calls = hlo.splash_calls(train["kernels"])
+  assert train_calls.get("dq") == 1 and train_calls.get("dkv") == 1 and train_calls["fwd"] >= 1
+  attention = v5e_report["attention"]
+  assert (attention["impl"], attention["layers_on_kernel"]) == ("splash", 1)
+
+
+def test_fsdp_gives_each_chip_a_quarter_of_the_params(v5e_report):
+  """The eval step's arguments per chip (the compiler's count) are the params plus this
+  chip's rows of the batch: a quarter of the param tree's bytes under FSDP over 4 chips,
+  all of them when the 4 chips are data parallel."""
+  param_bytes = v5e_report["params"] * 4  # float32 params
+  batch_bytes = 32 * 128 * 4 * 7 / 4  # 7 [B, L] arrays of 4 bytes, this chip's rows
+  fsdp = v5e_report["steps"]["eval"]["memory_per_chip"]["argument_bytes"] - batch_bytes
+  with jax.default_matmul_precision("default"):
+    data_parallel = compile_config(small_config("mesh_shape=(-1, 1, 1)"),
+                                   parse_target("v5e:2x2"), steps=("eval",))
+  replicated = data_parallel["steps"]["eval"]["memory_per_chip"]["argument_bytes"] - batch_bytes
+  # within 3%: vocab-sized biases have no fsdp axis, and TPU tiles pad small arrays
+  assert fsdp == pytest.approx(param_bytes / 4, rel=0.03)
+  assert replicated == pytest.approx(param_bytes, rel=0.03)
+  # the train state: params and Adam's two moments, each split the same way
+  assert v5e_report["state_bytes_per_chip"] == pytest.approx(3 * param_bytes / 4, rel=0.03)
+
+
+def test_flops_are_the_whole_steps_matmuls(v5e_report):
+  train, eval_ = v5e_report["steps"]["train"], v5e_report["steps"]["eval"]
+  # backward ~2x forward: a train step costs about 3x an eval step of the same batch
+  assert 2.5 < train["flops"] / eval_["flops"] < 3.5
+  assert train["flops_per_chip"] == pytest.approx(train["flops"] / 4)
+
+
+def test_the_fsdp_step_gathers_params_and_reduces_gradients(v5e_report):
+  collectives = v5e_report["steps"]["train"]["collectives"]
+  assert collectives["all-gather"]["count"] > 0 and collectives["all-gather"]["bytes"] > 0
+  reduced = collectives["all-reduce"]["bytes"] + collectives["reduce-scatter"]["bytes"]
+  assert reduced > 0
+
+
+def test_a_batch_too_large_for_the_chip_exits_1_with_one_line(capsys):
+  """A 4M-token vocabulary replicated on every chip: params and Adam alone are 12 GiB."""
+  overrides = [f"--config.{o}" for o in SMALL if not o.startswith(("model.vocab", "mesh"))]
+  with pytest.raises(SystemExit) as exit_, jax.default_matmul_precision("default"):
+    main(["--config", "configs/mlm_tiny.py", "--topology", "v5e-4", "--steps", "train", "--json",
+          *overrides, "--config.model.vocab_size=4194304", "--config.mesh_shape=(-1, 1, 1)"])
+  assert exit_.value.code == 1
+  out, err = capsys.readouterr()
+  report = json.loads(out)
+  assert not report["fits"] and report["steps"]["train"]["out_of_memory"]
+  line = err.strip().splitlines()[-1]
+  assert re.fullmatch(r"does not fit: [\d.]+ GiB per chip of 16 GiB \(v5e\); largest batch "
+                      r"that fits: none \(train step at batch 32\)", line), line
+  assert float(line.split()[3]) > 16
+  assert report["max_batch"] == 0  # searched on a miss: not even 4 rows (one a chip) fit
+
+
+# ---------------------------------------------------------------- the HLO reader
+LOOP_HLO = """HloModule m, entry_computation_layout={()->f32[]}
+
+%gather_body (p: bf16[4,8]) -> bf16[16,8] {
+  %p = bf16[4,8]{1,0} parameter(0)
+  ROOT %all-gather.1 = bf16[16,8]{1,0} all-gather(%p), replica_groups={}, dimensions={0}
+}
+
+%body (t: (s32[], bf16[4,8])) -> (s32[], bf16[4,8]) {
+  %t = (s32[], bf16[4,8]{1,0}) parameter(0)
+  %x = bf16[4,8]{1,0} get-tuple-element(%t), index=1
+  %f = bf16[16,8]{1,0} fusion(%x), kind=kCustom, calls=%gather_body
+  %k = f32[16,8]{1,0} custom-call(%f), custom_call_target="tpu_custom_call"
+  ROOT %out = (s32[], bf16[4,8]{1,0}) tuple(%i, %x)
+}
+
+%cond (t: (s32[], bf16[4,8])) -> pred[] {
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (a: bf16[4,8]) -> f32[] {
+  %a = bf16[4,8]{1,0} parameter(0)
+  %w = (s32[], bf16[4,8]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"12"}}
+  %r = f32[8]{0} all-reduce(%v), replica_groups={}, to_apply=%add
+  ROOT %s = f32[] constant(0)
+}
+"""
+
+
+def test_a_loop_bodys_collectives_count_once_per_iteration():
+  ops = hlo.step_ops(LOOP_HLO)
+  assert ops.collectives["all-gather"] == {"count": 12, "bytes": 12 * 16 * 8 * 2}
+  assert ops.collectives["all-reduce"] == {"count": 1, "bytes": 8 * 4}
+  assert ops.kernels == {"k": 12} and ops.unknown_trip_counts == 0
+
+
+def test_shape_bytes_reads_tuples_and_layouts():
+  assert hlo.shape_bytes("bf16[128,768]{1,0:T(8,128)(2,1)}") == 128 * 768 * 2
+  assert hlo.shape_bytes("(f32[4]{0}, s8[2,2]{1,0}, pred[])") == 16 + 4 + 1
+
+
+@pytest.mark.slow
+def test_bert_base_as_shipped_fits_a_v5e_8_with_splash_in_every_layer():
+  """configs/mlm_bert_base.py, unchanged, on 8 v5e chips (the README's TPU claim)."""
+  from jaxencoder.train.__main__ import load_config
+  config = finalize(ml_collections.ConfigDict(load_config("configs/mlm_bert_base.py").to_dict()))
+  with jax.default_matmul_precision("default"):
+    report = compile_config(config, parse_target("v5e-8"))
+  assert report["fits"], report["verdict"]
+  assert report["attention"]["impl"] == "splash"
+  assert report["attention"]["layers_on_kernel"] == 12
+  peak = max(s["memory_per_chip"]["total_bytes"] for s in report["steps"].values())
+  assert 0 < peak < 16 * GIB
+  assert np.isclose(report["params"], 110e6, rtol=0.02)
+
+
+CONFIGS = sorted(p.stem for p in pathlib.Path("configs").glob("*.py"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_shipped_config_compiles_for_a_v5e_8_and_fits(name, tmp_path_factory):
+  """Each configs/*.py as shipped (init_from's architecture included), both steps."""
+  from jaxencoder.train.__main__ import load_config
+  config = load_config(f"configs/{name}.py")
+  config.data.data_dir = str(tmp_path_factory.mktemp("data"))  # init_from converts here
+  config = finalize(ml_collections.ConfigDict(config.to_dict()))
+  with jax.default_matmul_precision("default"):
+    report = compile_config(config, parse_target("v5e-8"))
+  assert report["fits"], report["verdict"]
+
+
+@pytest.mark.slow
+def test_the_cli_prints_no_libtpu_chatter_on_a_host_without_chips(tmp_path):
+  """A user's run: no JAX_PLATFORMS, libtpu installed, no TPU: only the report."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "TPU_", "XLA_"))}
+  env.pop("ALLOW_MULTIPLE_LIBTPU_LOAD", None)
+  done = subprocess.run(
+      [sys.executable, "-m", "jaxencoder.aot", "--config", "configs/mlm_tiny.py", "--topology",
+       "v5e-4", "--steps", "eval", "--config.model.num_layers=1"],
+      capture_output=True, text=True, env=env, timeout=600)
+  assert done.returncode == 0, done.stderr
+  noise = [l for l in done.stderr.splitlines() if "TPU_" in l or "InitGoogle" in l or
+           "libtpu" in l.lower() or l.startswith(("E0000", "W0000", "==="))]
+  assert noise == []
+  assert done.stdout.strip().splitlines()[-1].startswith("fits: ")
