@@ -95,3 +95,12 @@ def test_only_an_enabled_writer_writes(tmp_path):
   assert [(r["step"], r["split"], r["loss"], r["accuracy"]) for r in records] == [
       (1, "train", 2.0, 0.5), (2, "train", 1.0, 0.5)]
   assert any((tmp_path / "run" / "tensorboard").iterdir())
+
+
+@pytest.mark.parametrize("metric, mode", [
+    ("loss", "min"), ("generator_loss", "min"), ("discriminator_loss", "min"),
+    ("pair_loss", "min"), ("mse", "min"), ("accuracy", "max"), ("f1_macro", "max"),
+    ("mrr", "max"), ("recall_at_1", "max"), ("spearman", "max")])
+def test_best_checkpoint_direction_follows_the_metric(metric, mode):
+  from jaxencoder.train.metrics import metric_mode
+  assert metric_mode(metric) == mode

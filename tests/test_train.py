@@ -345,6 +345,7 @@ def test_pmap_mode_matches_jit_and_shares_checkpoints(corpus, tmp_path):
 @pytest.mark.parametrize("best_metric, scripted, kept", [
     ("loss", {3: 1.0, 6: 2.0, 9: 3.0}, [3, 9]),  # lower is better
     ("accuracy", {3: 0.2, 6: 0.9, 9: 0.1}, [6, 9]),  # higher is better
+    ("generator_loss", {3: 2.0, 6: 1.0, 9: 3.0}, [6, 9]),  # any *_loss: lower (was kept max)
 ])
 def test_keeps_the_latest_and_the_best_checkpoint_by_eval_metric(
     corpus, tmp_path, monkeypatch, best_metric, scripted, kept):
@@ -353,7 +354,7 @@ def test_keeps_the_latest_and_the_best_checkpoint_by_eval_metric(
   from jaxencoder.train import loop
   def scripted_eval(run, eval_step, signals=None):
     value = scripted[int(run.state.step)]
-    return {"loss": value, "accuracy": value}
+    return {"loss": value, "accuracy": value, best_metric: value}
   monkeypatch.setattr(loop, "evaluate", scripted_eval)
   root, source, vocab = corpus
   config = th.tiny_config(root, source, vocab)

@@ -120,7 +120,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every = 500
   c.checkpoint_every = 500
   c.keep_checkpoints = 3
-  c.best_metric = "loss"  # an eval metric; lower is better for loss, higher otherwise
+  c.best_metric = "loss"  # an eval metric; lower is better for losses (loss, *_loss, mse),
+  #                         higher otherwise (train/metrics.metric_mode)
   c.seed = 0
   c.rng_impl = "threefry"  # threefry (same streams on every backend) | rbg | unsafe_rbg (cheaper)
   c.optim = default_optim_config()

@@ -25,7 +25,7 @@ from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
 from jaxencoder.io.checkpoint import Checkpointer
 from jaxencoder.io.run_dir import RunDir
-from jaxencoder.train.metrics import MetricWriter, throughput
+from jaxencoder.train.metrics import MetricWriter, metric_mode, throughput
 from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.parallel import make_stepper
 from jaxencoder.train.pipelines import Pipelines, make_pipelines
@@ -99,7 +99,7 @@ def setup(config: ml_collections.ConfigDict, workdir) -> Run:
   checkpointer = run_dir.checkpointer(
       save_interval_steps=config.checkpoint_every,
       max_to_keep=config.keep_checkpoints, best_metric=f"eval_{config.best_metric}",
-      best_mode="min" if config.best_metric == "loss" else "max")
+      best_mode=metric_mode(config.best_metric))
   run = Run(config, run_dir, task, pipelines, mesh, rules, tx, schedule,
             steps.state_shardings(task, tx, example, mesh, rules, boxed=boxed), checkpointer,
             writer=None, train_iter=train_iter)
