@@ -32,6 +32,46 @@ def test_no_import_points_the_wrong_way():
   assert wrong_arrows(import_graph.imports(REPO / "jaxencoder")) == []
 
 
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The groups of modules that import each other, directly or round a loop (Tarjan's
+  strongly connected components); imports inside functions count too."""
+  index, low, stack, cycles = {}, {}, [], []
+  def visit(module):
+    index[module] = low[module] = len(index)
+    stack.append(module)
+    for other in sorted(graph.get(module, ())):
+      if other not in graph:
+        continue
+      if other not in index:
+        visit(other)
+        low[module] = min(low[module], low[other])
+      elif other in stack:
+        low[module] = min(low[module], index[other])
+    if low[module] == index[module]:
+      group = []
+      while not group or group[-1] != module:
+        group.append(stack.pop())
+      if len(group) > 1:
+        cycles.append(sorted(group))
+  for module in sorted(graph):
+    if module not in index:
+      visit(module)
+  return sorted(cycles)
+
+
+def test_no_import_cycles_inside_or_between_folders():
+  assert import_cycles(import_graph.imports(REPO / "jaxencoder")) == []
+
+
+def test_the_cycle_check_catches_a_loop_inside_a_folder():
+  graph = {"jaxencoder.train.config": {"jaxencoder.train.pipelines"},
+           "jaxencoder.train.pipelines": {"jaxencoder.train.tasks"},
+           "jaxencoder.train.tasks": {"jaxencoder.train.config"},
+           "jaxencoder.train.loop": {"jaxencoder.train.tasks"}}
+  assert import_cycles(graph) == [["jaxencoder.train.config", "jaxencoder.train.pipelines",
+                                   "jaxencoder.train.tasks"]]
+
+
 def test_the_check_catches_a_wrong_arrow():
   graph = {"jaxencoder.encoder": {"jaxencoder.train.loop"},
            "jaxencoder.data.pipeline": {"jaxencoder.heads"},

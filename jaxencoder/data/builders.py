@@ -332,6 +332,7 @@ class TimeSeries(_Builder):
 BUILDERS = {"text_corpus": TextCorpus, "text_classification": TextClassification,
             "tagged_tokens": TaggedTokens, "image_arrays": ImageArrays,
             "time_series": TimeSeries, "text_records": TextRecords}
+TEXT_KINDS = ("text_corpus", "text_classification", "tagged_tokens", "text_records")  # tokenized
 
 
 def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bool = False,

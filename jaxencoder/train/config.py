@@ -242,7 +242,7 @@ def adopt_init_from_model(config: ml_collections.ConfigDict) -> list[str]:
   if not config.init_from:
     return []
   from jaxencoder.io.run_dir import RunDir  # orbax: only when a checkpoint is read
-  from jaxencoder.train.pipelines import TEXT_KINDS
+  from jaxencoder.data.builders import TEXT_KINDS
   changes = []
   run_dir = pretrained_run_dir(config.init_from, config.data.data_dir)
   if run_dir != config.init_from:

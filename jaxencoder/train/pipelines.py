@@ -21,7 +21,7 @@ from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
 from jaxencoder.train.config import resolved_task
 from jaxencoder.train.tasks import MASKED_TASKS, SENTENCE_PAIR_TASKS
 
-TEXT_KINDS = ("text_corpus", "text_classification", "tagged_tokens", "text_records")
+TEXT_KINDS = builders.TEXT_KINDS
 
 
 @dataclasses.dataclass
