@@ -1,6 +1,7 @@
 """Fault injection: a run stopped or damaged at any point loses nothing past its last
 durable checkpoint, says so truthfully, and exits with a code a scheduler can act on."""
 
+import json
 import os
 import pathlib
 import signal
@@ -290,3 +291,20 @@ def test_a_run_shorter_than_its_warmup_trains_with_a_clipped_warmup(corpus, tmp_
   assert any("warmup_steps=100 is not shorter than the 3-step schedule; using 0" in r.getMessage()
              for r in caplog.records)
   assert RunDir.open(tmp_path).latest_step() == 3
+
+
+def test_the_config_checked_on_resume_is_that_of_the_step_restored(corpus, tmp_path):
+  """Step 4 damaged and saved with another mask rate; step 2 intact and saved with this
+  config: the run resumes from step 2, checked against step 2's config (reading step 4's
+  would refuse the resume for a config nobody restores)."""
+  train_elsewhere(corpus, tmp_path, steps=4)
+  step_4 = tmp_path / "checkpoints" / "4"
+  (saved,) = [p for p in (step_4 / "config").rglob("*") if p.is_file() and
+              b"mask_rate" in p.read_bytes()]
+  stored = json.loads(saved.read_text())
+  stored["data"]["mask_rate"] = 0.5
+  saved.write_text(json.dumps(stored))
+  DAMAGE["truncated array file"](step_4)
+  loop.train_and_evaluate(short_config(corpus, steps=6), tmp_path)
+  assert RunDir.open(tmp_path).steps()[-1] == 6
+  assert (tmp_path / "checkpoints" / "4.unrestorable").is_dir()

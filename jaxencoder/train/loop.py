@@ -23,7 +23,7 @@ from jaxencoder.train import distributed
 from jaxencoder.train.compilation_cache import use_compilation_cache
 from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
-from jaxencoder.io.checkpoint import Checkpointer
+from jaxencoder.io.checkpoint import Checkpointer, CheckpointError
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.train.metrics import MetricWriter, metric_mode, throughput
 from jaxencoder.train.optim import make_optimizer
@@ -117,10 +117,14 @@ def restore_or_init(run: Run, example, boxed=None) -> steps.TrainState:
   (+ init_from). `boxed`: the params' boxed shapes, if known."""
   config = run.config
   if run.checkpointer.latest_step() is not None:
-    check_config_unchanged(run)
     abstract = steps.abstract_state(run.task, run.tx, example, run.mesh, run.rules,
                                     shardings=run.shardings, boxed=boxed)
-    step, state, data_state, _ = run.checkpointer.restore_newest(abstract_state=abstract)
+    try:
+      step, state, data_state, saved = run.checkpointer.restore_newest(abstract_state=abstract)
+    except CheckpointError:
+      check_config_unchanged(run)  # a changed model restores nowhere: name its fields
+      raise
+    check_config_unchanged(run, saved)  # the config of the step restored, not another
     restore_data_position(run.train_iter, data_state, step, run.pipelines.train_workers)
     log.info("resumed from step %d (%s)", step, run.checkpointer.directory / str(step))
     return state
@@ -136,16 +140,17 @@ class ConfigChangedError(ValueError):
   """Resuming with a model / optimizer / data config other than the run's saved one."""
 
 
-def check_config_unchanged(run: Run) -> None:
-  """Compares the config saved with the latest checkpoint to this one: allowed changes
-  (schedule, length, logging) warn; structural ones raise naming each field."""
-  saved = None
-  for step in reversed(run.run_dir.steps()):  # the newest step whose config reads
-    try:
-      saved = run.run_dir.read_config(step)
-      break
-    except Exception:  # a damaged step: restore_newest reports it
-      continue
+def check_config_unchanged(run: Run, saved: dict | None = None) -> None:
+  """Compares a saved config (default: that of the newest step whose config reads) to
+  this one: allowed changes (schedule, length, logging) warn; structural ones raise
+  naming each field."""
+  if saved is None:
+    for step in reversed(run.run_dir.steps()):  # the newest step whose config reads
+      try:
+        saved = run.run_dir.read_config(step)
+        break
+      except Exception:  # a damaged step: restore_newest reports it
+        continue
   if not saved:
     return
   allowed, structural = config_changes(saved, run.config)
