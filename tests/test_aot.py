@@ -263,3 +263,23 @@ def test_the_cli_prints_no_libtpu_chatter_on_a_host_without_chips(tmp_path):
            "libtpu" in l.lower() or l.startswith(("E0000", "W0000", "==="))]
   assert noise == []
   assert done.stdout.strip().splitlines()[-1].startswith("fits: ")
+
+
+@pytest.mark.parametrize("per_row, start", [(1.0e6, 64), (3.3e7, 256), (2.0e9, 8)])
+def test_the_largest_batch_search_lands_within_a_64th_of_the_limit(monkeypatch, per_row, start):
+  """Memory = state + per_row x batch (the compiler's answer, scripted): the search ends
+  on a batch that fits, within 1/64 (or one mesh unit) of the true limit, in few compiles."""
+  from jaxencoder.aot import compiled
+  hbm, state, unit = 16 * GIB, 3 * GIB, 8
+  needed = lambda b: state + per_row * b
+  def fake_compile(built, name, batch, group=None):
+    fits = needed(batch) <= hbm
+    return compiled.StepReport(name, batch, fits, 0.0, "" if fits else "RESOURCE_EXHAUSTED",
+                               not fits, memory={"total_bytes": needed(batch)})
+  monkeypatch.setattr(compiled, "compile_step", fake_compile)
+  monkeypatch.setattr(compiled, "batch_unit", lambda built: unit)
+  built = type("Built", (), {"state_bytes_per_chip": state})()
+  largest, tried = compiled.largest_batch(built, hbm, fake_compile(built, "train", start))
+  limit = int((hbm - state) / per_row) // unit * unit
+  assert largest <= limit and limit - largest <= max(unit, limit // 64)
+  assert len(tried) <= 5

@@ -170,15 +170,17 @@ def batch_unit(built: Built) -> int:
 def largest_batch(built: Built, hbm_bytes: float, start: StepReport, *,
                   group: int | None = None, max_compiles: int = 8) -> tuple[int, list[StepReport]]:
   """The largest global train batch (a multiple of batch_unit; 0: none) that compiles
-  within the chip's memory, and the reports of the compiles it took. Memory grows about
-  linearly with the batch: a line through the nearest two measured points proposes the
-  next batch, until a fit and a miss one unit apart (or `max_compiles`) end it."""
+  within the chip's memory, to within 1/64 (or one unit), and the reports of the compiles
+  it took. Memory grows about linearly with the batch: a line through the nearest two
+  measured points proposes the next batch, until a fit and a miss that close (or
+  `max_compiles`) end it."""
   unit = batch_unit(built)
   tried = {start.batch_size: start}
   lo = start.batch_size if fits(start, hbm_bytes) else 0  # largest known to fit
   hi = None if lo else start.batch_size  # smallest known not to fit
-  while len(tried) <= max_compiles and (hi is None or hi - lo > unit):
-    batch = _next_batch(tried, hbm_bytes, unit, lo, hi, built.state_bytes_per_chip)
+  close = lambda: max(unit, lo // 64 // unit * unit)  # within 1/64 of the limit will do
+  while len(tried) <= max_compiles and (hi is None or hi - lo > close()):
+    batch = _next_batch(tried, hbm_bytes, unit, lo, hi, built.state_bytes_per_chip, close())
     if batch in tried:
       break
     tried[batch] = report = compile_step(built, "train", batch, group=group)
@@ -191,7 +193,7 @@ def largest_batch(built: Built, hbm_bytes: float, start: StepReport, *,
 
 
 def _next_batch(tried: dict[int, StepReport], hbm_bytes: float, unit: int, lo: int,
-                hi: int | None, fixed_bytes: float) -> int:
+                hi: int | None, fixed_bytes: float, step: int) -> int:
   """A multiple of `unit` strictly between lo and hi: where a line through the two
   measured points nearest the limit crosses it; from one point, the line through it and
   the state's bytes at batch 0 (a little short of it); else doubling or halving."""
@@ -208,7 +210,7 @@ def _next_batch(tried: dict[int, StepReport], hbm_bytes: float, unit: int, lo: i
   else:
     guess = (lo + hi) // 2
   ceiling = hi - unit if hi is not None else 64 * max(lo, unit)
-  return min(max(guess // unit * unit, lo + unit), ceiling)
+  return min(max(guess // unit * unit, lo + (step if hi is None else unit)), ceiling)
 
 
 def _verdict(report: StepReport, hbm_bytes: float) -> str:
