@@ -21,7 +21,8 @@ from jaxencoder import flash
 from jaxencoder.aot import hlo
 from jaxencoder.aot.__main__ import main
 from jaxencoder.aot.report import compile_config
-from jaxencoder.aot.targets import GIB, UnknownTopologyError, parse_target, target_devices
+from jaxencoder.aot.targets import (GIB, UnknownTopologyError, gpu_target_config, parse_target,
+                                    target_devices)
 from jaxencoder.train.config import apply_overrides, base_config, encoder_config, finalize
 from jaxencoder.train.sharding import make_mesh
 
@@ -81,6 +82,19 @@ def test_devices_are_one_per_chip_with_the_slice_hosts(name, devices, processes)
   assert len(found) == devices  # megacore: one device per v4 / v5p chip, not per core
   assert len({d.process_index for d in found}) == processes
   assert found[0].platform == "tpu"
+
+
+def test_gpu_targets_are_hosts_of_8_with_their_memory():
+  target = parse_target("h200-16")
+  assert (target.num_chips, target.hosts, target.topology_name) == (16, 2, "1x2x8")
+  text = gpu_target_config(target.chip)
+  assert "device_memory_size: 150754820096" in text and 'device_description_str: "NVIDIA H200"' in text
+
+
+def test_gpu_compiles_without_the_cuda_plugin_name_the_extra():
+  """This venv has no CUDA plugin (it is ~4.5 GB): one line saying what to install."""
+  with pytest.raises(UnknownTopologyError, match=r"pip install 'jaxencoder\[cuda\]'"):
+    target_devices(parse_target("h100"))
 
 
 def test_more_slices_multiply_the_devices_and_split_the_data_axis():
