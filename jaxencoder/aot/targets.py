@@ -174,9 +174,17 @@ def gpu_target_config(chip: Chip) -> str:
           f"\"{chip.libtpu_name}\"\n")
 
 
+# Deviceless GPU compiles: Triton matmuls need on-device autotuning to find their tiles (an
+# f32 dot fails without it), so matmuls compile to cuBLAS calls here; memory is what the
+# GPU needs, the kernels are not all the ones an on-GPU compile picks.
+GPU_AOT_XLA_FLAGS = "--xla_gpu_enable_triton_gemm=false"
+
+
 def _gpu_devices(target: Target) -> list:
   # A GPU-less host: jax's CUDA plugin would otherwise refuse to start without a driver.
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  if "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {GPU_AOT_XLA_FLAGS}".strip()
   from jax.experimental import topologies
   try:
     topology = topologies.get_topology_desc(platform="cuda", topology=target.topology_name,
