@@ -90,12 +90,13 @@ class MultiHeadAttention(nn.Module):
     heads = (cfg.num_heads, cfg.resolved_head_dim)
     proj = lambda name: dense(cfg, heads, kernel_axes=("embed", "heads", "kv"), name=name)
     dropout_active = not deterministic and cfg.attention_dropout_rate > 0
+    cross = kv_BxSxD is not None
+    static_window = local is None or isinstance(local, bool)
     if plan is None:
       plan = plan_attention(cfg, output_attentions=output_attentions,
                             dropout_active=dropout_active, has_bias=bias_BxHxLxL is not None,
-                            sparse_queries=query_rows_BxQ is not None)
-    cross = kv_BxSxD is not None
-    static_window = local is None or isinstance(local, bool)
+                            sparse_queries=query_rows_BxQ is not None,
+                            per_layer_window=not static_window, cross=cross, decode=decode)
     window = cfg.sliding_window if local is None or (static_window and local) else None
     if not static_window and not plan.needs_dense_mask:
       raise ValueError(f"a per-layer window under nn.scan runs 'xla' or 'fused', not {plan.impl!r}")

@@ -148,20 +148,21 @@ class Decoder(nn.Module):
     stepping = cache_index is not None
     key_positions_BxM = positions_BxT
     if stepping:
-      plan = AttentionPlan("xla")
+      plan = plan_attention(cfg, decode=True)
       key_positions_BxM = jnp.broadcast_to(jnp.arange(written_BxM.shape[1]), written_BxM.shape)
       mask = make_cache_mask(written_BxM, positions_BxT, sliding_window=cfg.sliding_window)
     else:
-      plan = AttentionPlan("xla") if decode else plan_attention(
+      plan = plan_attention(
           cfg, dropout_active=not deterministic and cfg.attention_dropout_rate > 0,
-          has_bias=cfg.position_embedding == "relative")
+          has_bias=cfg.position_embedding == "relative", decode=decode)
       mask = None
       if plan.needs_dense_mask:
         mask = make_attention_mask(mask_BxT, causal=True, sliding_window=cfg.sliding_window)
     bias = None
     if cfg.position_embedding == "relative":
       bias = RelativePositionBias(cfg, name="relative_bias")(positions_BxT, key_positions_BxM)
-    cross = AttentionPlan("fused" if plan.impl == "fused" else "xla")
+    cross = plan_attention(cfg, cross=True,
+                           dropout_active=not deterministic and cfg.attention_dropout_rate > 0)
     return DecoderInputs(mask, bias, mask_BxT, positions_BxT, memory_BxSxD, memory_mask_BxS,
                          cache_index, deterministic, decode, plan, cross)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +30,6 @@ EMBEDDINGS = "embeddings"  # the front end: token / patch / series, positions, t
 LAYER_PREFIX = "layers_"  # looped stack: layers_0 ... layers_{N-1}
 SCANNED_LAYERS = "layers"  # scanned stack: one subtree, every leaf with a leading [N] axis
 _LAYER_NAME = re.compile(rf"^{LAYER_PREFIX}(\d+)$")
-log = logging.getLogger(__name__)
 
 
 def layer_name(i: int) -> str:
@@ -262,15 +260,11 @@ class Encoder(nn.Module):
     rows_BxQ = None  # rows the last block computes: position 0 (cls pooling) + output_positions
     if sparse_last:
       rows_BxQ = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions], 1)
+    mixed = cfg.global_attention_every > 0  # global and local layers
     plan = plan_attention(
         cfg, output_attentions=output_attentions, sparse_queries=sparse_last,
         dropout_active=not deterministic and cfg.attention_dropout_rate > 0,
-        has_bias=cfg.position_embedding == "relative")
-    mixed = cfg.global_attention_every > 0  # global and local layers
-    if mixed and cfg.scan_layers and not plan.needs_dense_mask:
-      log.warning("attention_impl=%r: %s cannot take a per-layer window under nn.scan; "
-                  "using xla", cfg.attention_impl, plan.impl)
-      plan = AttentionPlan("xla")
+        has_bias=cfg.position_embedding == "relative", per_layer_window=mixed and cfg.scan_layers)
     mask_Bx1xLxL = local_mask_Bx1xLxL = None  # flash kernels take padding as lengths or
     #                                           segment ids instead
     if plan.needs_dense_mask or (plan.impl == "cudnn" and segment_ids is not None):

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import logging
 import math
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -45,33 +46,27 @@ class AttentionPlan:
 
   @property
   def needs_dense_mask(self) -> bool:
-    return self.impl in ("xla", "fused")
+    return IMPLEMENTATIONS[self.impl].dense_mask
 
 
-def _explain_once(message: str) -> None:
-  if message not in _explained:
-    _explained.add(message)
-    log.warning("%s", message)
-
-
-def target_backend() -> str:
-  """The platform the program is compiled for: that of the active mesh's devices (so a CPU
-  host compiling for a TPU topology plans for the TPU), else JAX's default backend."""
-  mesh = jax.sharding.get_abstract_mesh()
-  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
-  platform = getattr(device, "platform", None) or jax.default_backend()
-  return "gpu" if platform in ("cuda", "rocm") else platform
-
-
-def max_cudnn_head_dim() -> int:
-  """cuDNN's flash limit: 256 from Hopper (compute capability 9.0) on, else 128."""
-  capability = getattr(jax.devices()[0], "compute_capability", "0")
-  return 256 if float(capability) >= 9.0 else 128
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+  """One attention implementation and what it can serve (a call needing more runs xla)."""
+  name: str
+  dense_mask: bool  # reads a [B, 1, Q, L] mask (else lengths or segment ids)
+  weights: bool = False  # returns the attention weights (output_attentions)
+  dropout: bool = False  # attention dropout
+  bias: bool = True  # an additive position bias (T5 relative)
+  per_layer_window: bool = False  # a traced window per layer (scan over mixed layers)
+  cross: bool = False  # cross-attention
+  decode: bool = False  # attention over a key/value cache
+  sparse_causal: bool = False  # a causal / window mask on gathered query rows
+  backends: tuple[str, ...] = ()  # where it runs natively; () = anywhere
+  check: Callable[[EncoderConfig, str], str | None] | None = None  # its own limits
+  same_math: bool = True  # computes softmax attention (so xla can stand in for it)
 
 
 def _cudnn_obstacle(cfg: EncoderConfig, backend: str) -> str | None:
-  if backend != "gpu":
-    return f"there is no GPU (backend {backend!r})"
   if cfg.dtype == "float32":
     return "compute dtype is float32 (cuDNN flash attention needs bfloat16 or float16)"
   head_dim, limit = cfg.resolved_head_dim, max_cudnn_head_dim()
@@ -82,41 +77,92 @@ def _cudnn_obstacle(cfg: EncoderConfig, backend: str) -> str | None:
   return None
 
 
+# Every attention_impl but `auto`, once (tests/test_flash.py holds it to ATTENTION_IMPLS).
+IMPLEMENTATIONS = {impl.name: impl for impl in (
+    Implementation("xla", dense_mask=True, weights=True, dropout=True, per_layer_window=True,
+                   cross=True, decode=True, sparse_causal=True),
+    Implementation("fused", dense_mask=True, dropout=True, per_layer_window=True, cross=True,
+                   sparse_causal=True),
+    Implementation("linear", dense_mask=False, dropout=True, bias=False, sparse_causal=True,
+                   same_math=False),
+    Implementation("cudnn", dense_mask=False, backends=("gpu",), check=_cudnn_obstacle),
+    Implementation("splash", dense_mask=False, bias=False, backends=("tpu",)),
+)}
+# What a call needs -> the reason a kernel that lacks it cannot serve the call.
+_NEEDS = (("weights", "attention weights were requested"),
+          ("dropout", "attention dropout is on (the kernel has none)"),
+          ("bias", "relative position bias (the kernel takes no bias)"),
+          ("per_layer_window", "a per-layer window under nn.scan (the kernel's windows are "
+                               "static: use scan_layers=False to keep it)"),
+          ("cross", "cross-attention"),
+          ("decode", "attention over a key/value cache"),
+          ("sparse_causal", "a causal or windowed mask on a sparse set of query rows"))
+
+
+def _explain_once(message: str) -> None:
+  if message not in _explained:
+    _explained.add(message)
+    log.warning("%s", message)
+
+
+def _target_device():
+  mesh = jax.sharding.get_abstract_mesh()
+  return None if mesh.empty else getattr(mesh, "abstract_device", None)
+
+
+def target_backend() -> str:
+  """The platform the program is compiled for: that of the active mesh's devices (so a CPU
+  host compiling for a TPU topology plans for the TPU), else JAX's default backend."""
+  platform = getattr(_target_device(), "platform", None) or jax.default_backend()
+  return "gpu" if platform in ("cuda", "rocm") else platform
+
+
+def max_cudnn_head_dim() -> int:
+  """cuDNN's flash limit: 256 from Hopper (compute capability 9.0) on, else 128 (a
+  compile-only target names its GPU but not its capability)."""
+  device = _target_device() or jax.devices()[0]
+  kind = getattr(device, "device_kind", "")
+  capability = getattr(device, "compute_capability", None) or (
+      "9.0" if any(name in kind for name in ("H100", "H200", "GH200", "B200")) else "0")
+  return 256 if float(capability) >= 9.0 else 128
+
+
 def plan_attention(cfg: EncoderConfig, *, output_attentions: bool = False,
                    dropout_active: bool = False, has_bias: bool = False,
-                   sparse_queries: bool = False, backend: str | None = None) -> AttentionPlan:
-  """The implementation for one call; logs once per reason when a kernel falls back.
+                   sparse_queries: bool = False, per_layer_window: bool = False,
+                   cross: bool = False, decode: bool = False,
+                   backend: str | None = None) -> AttentionPlan:
+  """The implementation for one call, decided here once from every fact about it; a
+  requested kernel that cannot serve the call runs xla, with one logged line per reason.
 
   `sparse_queries`: queries are a gathered subset of rows (the sparse last block), so
   query i is not key i and a causal / window mask cannot be a kernel's static one.
+  `per_layer_window`: a scanned stack of global and local layers (the window is traced).
   """
   backend = backend or target_backend()
-  impl = cfg.attention_impl
-  if impl == "auto":
-    impl = AUTO_KERNEL.get(backend, "xla")
-  if impl in ("xla", "linear"):
-    return AttentionPlan(impl)
-  obstacle = None
-  if output_attentions:
-    obstacle = "attention weights were requested"
-  elif dropout_active:
-    obstacle = "attention dropout is on (the kernel has none)"
-  elif impl == "cudnn":
-    obstacle = _cudnn_obstacle(cfg, backend)
-  elif impl == "splash" and has_bias:
-    obstacle = "relative position bias (splash takes no bias)"
-  if obstacle is None and impl in ("cudnn", "splash") and sparse_queries and (
-      cfg.causal or cfg.sliding_window is not None):
-    obstacle = "a causal or windowed mask on a sparse set of query rows"
+  name = cfg.attention_impl
+  if name == "auto":
+    name = AUTO_KERNEL.get(backend, "xla")
+  impl = IMPLEMENTATIONS[name]
+  needs = {"weights": output_attentions, "dropout": dropout_active, "bias": has_bias,
+           "per_layer_window": per_layer_window, "cross": cross, "decode": decode,
+           "sparse_causal": sparse_queries and (cfg.causal or cfg.sliding_window is not None)}
+  obstacle = next((why for need, why in _NEEDS if needs[need] and not getattr(impl, need)), None)
+  if obstacle is None and impl.backends == ("gpu",) and backend != "gpu":
+    obstacle = f"there is no GPU (backend {backend!r})"
+  if obstacle is None and impl.check is not None:
+    obstacle = impl.check(cfg, backend)
+  if obstacle and not impl.same_math:  # another model, not a faster softmax: no stand-in
+    raise ValueError(f"attention_impl={name!r} cannot serve this call: {obstacle}")
   if obstacle:
-    _explain_once(f"attention_impl={cfg.attention_impl!r}: {impl} cannot run this call "
+    _explain_once(f"attention_impl={cfg.attention_impl!r}: {name} cannot run this call "
                   f"({obstacle}); using xla")
     return AttentionPlan("xla")
-  if impl == "splash" and backend != "tpu":
-    _explain_once(f"attention_impl={cfg.attention_impl!r}: splash on {backend} runs in "
+  if impl.backends and backend not in impl.backends:  # splash: interpreted elsewhere
+    _explain_once(f"attention_impl={cfg.attention_impl!r}: {name} on {backend} runs in "
                   "Pallas interpret mode (slow; meant for tests)")
-    return AttentionPlan("splash", interpret=True)
-  return AttentionPlan(impl)
+    return AttentionPlan(name, interpret=True)
+  return AttentionPlan(name)
 
 
 # ---------------------------------------------------------------- cuDNN

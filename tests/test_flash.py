@@ -209,3 +209,29 @@ def test_cudnn_matches_xla_on_gpu():
       assert "cudnn" in fn.lower(variables).compile().as_text().lower()
     outs.append(fn(variables).astype(jnp.float32) * mask[..., None])
   np.testing.assert_allclose(outs[1], outs[0], atol=5e-2)
+
+
+def test_the_implementation_table_holds_every_attention_impl_once():
+  from jaxencoder.config import ATTENTION_IMPLS
+  assert sorted(flash.IMPLEMENTATIONS) == sorted(set(ATTENTION_IMPLS) - {"auto"})
+  assert set(flash.AUTO_KERNEL.values()) <= set(flash.IMPLEMENTATIONS)
+
+
+@pytest.mark.parametrize("facts, reason", [
+    (dict(per_layer_window=True), "per-layer window under nn.scan"),
+    (dict(cross=True), "cross-attention"),
+    (dict(decode=True), "key/value cache"),
+    (dict(output_attentions=True), "attention weights"),
+])
+def test_a_kernel_that_cannot_serve_a_call_runs_xla_decided_in_one_place(facts, reason, caplog):
+  cfg = tiny_config(attention_impl="splash", dtype="bfloat16")
+  with caplog.at_level("WARNING"):
+    assert flash.plan_attention(cfg, backend="tpu", **facts) == flash.AttentionPlan("xla")
+  flash._explained.clear()
+  assert flash.plan_attention(cfg, backend="tpu") == flash.AttentionPlan("splash")
+
+
+def test_linear_attention_is_never_swapped_for_softmax():
+  cfg = tiny_config(attention_impl="linear")
+  with pytest.raises(ValueError, match="'linear' cannot serve this call: attention weights"):
+    flash.plan_attention(cfg, output_attentions=True)
