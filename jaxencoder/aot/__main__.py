@@ -41,12 +41,8 @@ def parse_args(argv):
                            "or 3 with hard negatives; multiple_choice: the choices; default 2 / 4)")
   parser.add_argument("--steps", default="train,eval", help="which steps: train, eval or both")
   parser.add_argument("--json", action="store_true", help="print the report as JSON")
-  args, rest = parser.parse_known_args(argv)
-  overrides = []
-  for item in rest:
-    if not item.startswith("--config."):
-      parser.error(f"unrecognised argument {item!r} (overrides look like --config.key=value)")
-    overrides.append(item[len("--config."):])
+  from jaxencoder.train.__main__ import parse_with_overrides
+  args, overrides = parse_with_overrides(parser, argv)
   steps = [s.strip() for s in args.steps.split(",") if s.strip()]
   if not steps or set(steps) - {"train", "eval"}:
     parser.error(f"--steps {args.steps!r}: use train, eval or train,eval")

@@ -54,6 +54,12 @@ def parse_args(argv):
   group.add_argument("--coordinator_address", help="host:port of process 0")
   group.add_argument("--num_processes", type=int)
   group.add_argument("--process_id", type=int)
+  return parse_with_overrides(parser, argv)
+
+
+def parse_with_overrides(parser: argparse.ArgumentParser, argv):
+  """(args, ['key=value', ...]): the parser's flags and the `--config.key=value` overrides;
+  anything else is a usage error."""
   args, rest = parser.parse_known_args(argv)
   overrides = []
   for item in rest:
