@@ -14,7 +14,8 @@ SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scrip
 TWINS = {"jaxencoder-train": "jaxencoder.train", "jaxencoder-data": "jaxencoder.data",
          "jaxencoder-convert": "jaxencoder.pretrained", "jaxencoder-probe": "jaxencoder.probing",
          "jaxencoder-tokenizer": "jaxencoder.tokenizer",
-         "jaxencoder-predict": "jaxencoder.train.predict", "jaxencoder-plot": "jaxencoder.train.plots"}
+         "jaxencoder-predict": "jaxencoder.train.predict", "jaxencoder-plot": "jaxencoder.train.plots",
+         "jaxencoder-compile": "jaxencoder.aot"}
 
 
 def test_every_tool_has_a_script_and_a_twin():
@@ -29,7 +30,8 @@ def test_every_tool_has_a_script_and_a_twin():
     assert callable(getattr(importlib.import_module(module), func))
 
 
-@pytest.mark.parametrize("script", ["jaxencoder-train", "jaxencoder-convert", "jaxencoder-probe"])
+@pytest.mark.parametrize("script", ["jaxencoder-train", "jaxencoder-convert", "jaxencoder-probe",
+                                    "jaxencoder-compile"])
 def test_installed_script_prints_its_usage(script):
   path = pathlib.Path(sys.executable).parent / script
   result = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=120)
