@@ -25,13 +25,13 @@ import common  # noqa: E402
 from jaxencoder import EncoderConfig  # noqa: E402
 from jaxencoder.train import optim  # noqa: E402
 from jaxencoder.train import steps  # noqa: E402
-from jaxencoder.train import tasks  # noqa: E402
+from jaxencoder.tasks import registry  # noqa: E402
 
 
 def abstract_step(preset: str, depth: int, scan: bool, batch: int, seq_len: int):
   """(jitted train step, abstract state, abstract batch) for one stack."""
   cfg = EncoderConfig.preset(preset, num_layers=depth, scan_layers=scan, vocab_size=30522)
-  task = tasks.make_task("mlm", cfg, max_predictions=round(0.15 * seq_len))
+  task = registry.make_task("mlm", cfg, max_predictions=round(0.15 * seq_len))
   ints = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
   batch_spec = {"input_ids": ints, "attention_mask": ints, "token_type_ids": ints,
                 "mlm_labels": ints,

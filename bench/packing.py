@@ -29,7 +29,7 @@ import common  # noqa: E402
 from jaxencoder import EncoderConfig  # noqa: E402
 from jaxencoder.train import optim  # noqa: E402
 from jaxencoder.train import steps  # noqa: E402
-from jaxencoder.train import tasks  # noqa: E402
+from jaxencoder.tasks import registry  # noqa: E402
 from jaxencoder.data import pipeline  # noqa: E402
 from jaxencoder.data.__main__ import shakespeare_source  # noqa: E402
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path  # noqa: E402
@@ -45,7 +45,7 @@ def batches(source, tok, mode, seq_len, batch_size, count):
 
 
 def make_step(cfg, example, max_predictions):
-  task = tasks.make_task("mlm", cfg, max_predictions=max_predictions)
+  task = registry.make_task("mlm", cfg, max_predictions=max_predictions)
   params = nn.meta.unbox(jax.jit(lambda k: task.model.init(k, *task.example_batch(example)))(
       jax.random.key(0))["params"])
   ocfg = optim.default_optim_config()

@@ -110,7 +110,8 @@ def import_train_modules():
   (the H200 one does); then the three modules load under a bare package object.
   """
   try:
-    from jaxencoder.train import optim, steps, tasks
+    from jaxencoder.tasks import registry
+    from jaxencoder.train import optim, steps
   except ImportError as e:
     import importlib
     import types
@@ -141,7 +142,7 @@ class JaxencoderRunner:
     make_key = lambda seed: jax.random.key(seed, impl=rng_impl)
     self.cfg = EncoderConfig.preset(preset, vocab_size=VOCAB, max_len=512, **model)
     m = 0 if full_logits else num_predictions(batch["input_ids"].shape[1])
-    self.task = tasks.make_task("mlm", self.cfg, max_predictions=m)
+    self.task = registry.make_task("mlm", self.cfg, max_predictions=m)
     self.batch = {k: jnp.asarray(v) for k, v in batch.items()}
     init = jax.jit(lambda key: self.task.model.init(key, *self.task.example_batch(self.batch)))
     self.params = nn.meta.unbox(init(make_key(0))["params"])
@@ -153,7 +154,7 @@ class JaxencoderRunner:
                                   jnp.full((), -1, jnp.int32))
     fn = lambda s, b: steps.train_step(s, b, task=self.task, tx=tx, base_rng=make_key(1))
     self.jitted = jax.jit(fn, donate_argnums=0)
-    full = tasks.make_task("mlm", self.cfg, max_predictions=0)
+    full = registry.make_task("mlm", self.cfg, max_predictions=0)
     self.eval_loss_fn = jax.jit(lambda p, b: full.loss_fn(p, b, jax.random.key(0), False)[0])
 
   def compile(self) -> dict:

@@ -19,7 +19,7 @@ from jaxencoder.heads import (
     cosine_similarity,
     info_nce_loss,
 )
-from jaxencoder.layout import loop_to_scan, scan_to_loop
+from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
 
 __all__ = [
     "PRESETS", "EncoderConfig", "Encoder", "EncoderBlock", "BlockInputs", "EncoderOutput",

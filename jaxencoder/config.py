@@ -46,6 +46,12 @@ def image_stride_name(cfg) -> str:
           f"{len(cfg.stem_channels)} = {cfg.image_stride}")
 
 
+def _runtime(default):
+  """A field that says how to run a model, not what it is: with init_from it keeps the
+  training config's value (the stack layout is converted on load)."""
+  return dataclasses.field(default=default, metadata={"runtime": True})
+
+
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
   """Architecture of an encoder. Defaults describe BERT-base without its vocab.
@@ -96,7 +102,7 @@ class EncoderConfig:
 
   # Blocks.
   # auto: cudnn on GPU, splash on TPU, xla elsewhere; see attention.py and flash.py.
-  attention_impl: str = "auto"
+  attention_impl: str = _runtime("auto")
   causal: bool = False
   sliding_window: int | None = None  # attend only to |i - j| <= window
   # n > 0: layers i % n == 0 attend globally, the others within `sliding_window`
@@ -112,27 +118,27 @@ class EncoderConfig:
   # False: layer 0 attends to its input unnormalised (pre-norm; ModernBERT). Its
   # attention_norm param stays, unused, so looped and scanned stacks keep one layout.
   first_attention_norm: bool = True
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
+  dropout_rate: float = _runtime(0.1)
+  attention_dropout_rate: float = _runtime(0.1)
   # Dropout on the feed-forward hidden layer [B, L, F]; 0 in BERT, 0.1 in T5.
-  mlp_dropout_rate: float = 0.0
-  initializer_range: float = 0.02
+  mlp_dropout_rate: float = _runtime(0.0)
+  initializer_range: float = _runtime(0.02)
 
   # Stack.
-  scan_layers: bool = False
-  remat_policy: str = "none"
+  scan_layers: bool = _runtime(False)
+  remat_policy: str = _runtime("none")
 
   # Pooling.
   pooling: str = "cls"
   pooler_dense: bool = False  # BERT's pooler: dense + tanh on the pooled vector
 
   # Numerics.
-  dtype: str = "float32"
-  param_dtype: str = "float32"
+  dtype: str = _runtime("float32")
+  param_dtype: str = _runtime("float32")
 
   # Checks. Outside jit, ids are always range-checked; True checks them under jit too
   # (a host callback per call that raises naming the bad id; costs a device -> host copy).
-  check_ids: bool = False
+  check_ids: bool = _runtime(False)
 
   # Provenance: the Hugging Face family `jaxencoder.pretrained.save` writes ("bert" on an
   # image encoder means its one image family, "vit").
@@ -145,6 +151,18 @@ class EncoderConfig:
     if self.input_kind == "image" and self.family == "bert":  # the default, on images
       object.__setattr__(self, "family", "vit")
     self._validate()
+
+  # ---------------------------------------------------------------- fields
+  @classmethod
+  def runtime_fields(cls) -> tuple[str, ...]:
+    """The fields marked `_runtime` (how to run, not what the model is)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("runtime"))
+
+  @classmethod
+  def optional_fields(cls) -> dict[str, type]:
+    """Fields that default to None, with the type a value of theirs takes."""
+    kinds = {"int | None": int, "float | None": float, "str | None": str}
+    return {f.name: kinds[str(f.type)] for f in dataclasses.fields(cls) if f.default is None}
 
   # ---------------------------------------------------------------- derived
   @property

@@ -1,4 +1,5 @@
-"""Task heads on top of the encoder, and the contrastive loss.
+"""Task heads on top of the encoder, the encoder + head models the tasks train
+(jaxencoder/tasks/), and the contrastive loss.
 
 Heads are separate modules so a checkpoint's encoder can meet a new head.
 """
@@ -145,3 +146,67 @@ def info_nce_loss(a_BxP: jax.Array, b_BxP: jax.Array, temperature: float = 0.05,
     loss_t = optax.softmax_cross_entropy_with_integer_labels(logits_BxB.T, labels_B).mean()
     loss = (loss + loss_t) / 2
   return loss
+
+
+class EncoderClassifier(nn.Module):
+  """Encoder + a sequence head on the pooled vector, or a token head on every position."""
+  cfg: EncoderConfig
+  num_classes: int
+  token_level: bool = False
+
+  def setup(self):
+    self.encoder = Encoder(self.cfg)
+    head_cls = TokenClassificationHead if self.token_level else SequenceClassificationHead
+    self.head = head_cls(self.cfg, self.num_classes)
+
+  def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
+               positions=None, *, deterministic: bool = True):
+    out = self.encoder(inputs, attention_mask, token_type_ids, segment_ids, positions,
+                       deterministic=deterministic)
+    features = out.last_hidden_state if self.token_level else out.pooled
+    return self.head(features, deterministic=deterministic)
+
+
+class EncoderContrastive(nn.Module):
+  """Encoder + projection to unit vectors: [B, P], or [B, K, P] for groups of K texts
+  [B, K, L] (supervised pairs: text, positive[, hard negative])."""
+  cfg: EncoderConfig
+  projection_dim: int = 128
+
+  def setup(self):
+    self.encoder = Encoder(self.cfg)
+    self.head = ContrastiveHead(self.cfg, self.projection_dim)
+
+  def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
+               positions=None, *, deterministic: bool = True):
+    args, groups = (inputs, attention_mask, token_type_ids, segment_ids, positions), None
+    if is_grouped(self.cfg, inputs):
+      groups, args = inputs.shape[:2], rows_of_groups(*args)
+    out = self.encoder(*args, deterministic=deterministic)
+    z = self.head(out.pooled)
+    return z if groups is None else z.reshape(*groups, -1)
+
+
+class EncoderMultipleChoice(nn.Module):
+  """Encoder + one score per (text, choice) row: texts [B, C, L] -> logits [B, C]."""
+  cfg: EncoderConfig
+
+  def setup(self):
+    self.encoder = Encoder(self.cfg)
+    self.head = SequenceClassificationHead(self.cfg, 1)
+
+  def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
+               positions=None, *, deterministic: bool = True):
+    rows = rows_of_groups(inputs, attention_mask, token_type_ids, segment_ids, positions)
+    out = self.encoder(*rows, deterministic=deterministic)
+    return self.head(out.pooled, deterministic=deterministic).reshape(inputs.shape[:2])
+
+
+def is_grouped(cfg: EncoderConfig, inputs) -> bool:
+  """Token ids [B, K, L]: K texts per example (choices, or a pair and its negative)."""
+  return cfg.input_kind == "text" and inputs.ndim == 3
+
+
+def rows_of_groups(*arrays_BxKxL) -> tuple:
+  """[B, K, L] arrays as [B*K, L] rows (None stays None)."""
+  return tuple(None if x is None else x.reshape(-1, x.shape[-1]) for x in arrays_BxKxL)

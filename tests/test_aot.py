@@ -23,6 +23,7 @@ from jaxencoder.aot.__main__ import main
 from jaxencoder.aot.report import compile_config
 from jaxencoder.aot.targets import (GIB, UnknownTopologyError, gpu_target_config, parse_target,
                                     target_devices)
+from jaxencoder.train import init_from
 from jaxencoder.train.config import apply_overrides, base_config, encoder_config, finalize
 from jaxencoder.train.sharding import make_mesh
 
@@ -257,7 +258,7 @@ def test_every_shipped_config_compiles_for_a_v5e_8_and_fits(name, tmp_path_facto
   from jaxencoder.train.__main__ import load_config
   config = load_config(f"configs/{name}.py")
   config.data.data_dir = str(tmp_path_factory.mktemp("data"))  # init_from converts here
-  config = finalize(ml_collections.ConfigDict(config.to_dict()))
+  config = init_from.finalized(config)
   with jax.default_matmul_precision("default"):
     report = compile_config(config, parse_target("v5e-8"))
   assert report["fits"], report["verdict"]

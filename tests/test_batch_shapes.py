@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import test_configs as tc
-from jaxencoder.train import pipelines
+from jaxencoder.train import datasets as pipelines
 from jaxencoder.train.__main__ import load_config
 from jaxencoder.train.batch_shapes import batch_shapes
 from jaxencoder.train.config import apply_overrides, finalize

@@ -114,7 +114,8 @@ def test_a_run_saved_before_a_setting_existed_resumes_at_its_default():
   compares as if it had their defaults: no change, so the run resumes; a real change
   still shows."""
   from jaxencoder.io.checkpoint import to_json
-  from jaxencoder.train.config import base_config, config_changes, finalize
+  from jaxencoder.train.config import base_config, finalize
+  from jaxencoder.train.resume import config_changes
   config = finalize(base_config())
   saved = to_json(config)
   for key in ("sentence_pair", "electra", "max_span_len"):

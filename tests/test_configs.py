@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import train_helpers as th
-from jaxencoder.train import pipelines, predict
+from jaxencoder.train import datasets as pipelines, predict
 from jaxencoder.train.__main__ import load_config
+from jaxencoder.tasks import registry
 from jaxencoder.train.config import apply_overrides, resolved_task
 from jaxencoder.train.loop import train_and_evaluate
 from jaxencoder.train.metrics import read_metrics
@@ -76,12 +77,13 @@ def check_predict(config, run) -> None:
   if config.data.kind not in pipelines.TEXT_KINDS:
     return
   lines = ["the cat sat on the mat", "a dog ran"]
-  if task in predict.UNSUPPORTED:
+  predicts = registry.family_of(task).predicts.get(task)
+  if predicts is None:
     with pytest.raises(ValueError, match=f"predict does not support task '{task}'"):
       predict.load(run)
     return
   out = predict.predict(predict.load(run), lines)
-  if task not in predict.LINE_TASKS:  # pre-training, contrastive: pooled vectors
+  if predicts == "vectors":  # pre-training, contrastive: pooled vectors
     assert out.shape == (2, config.model.emb_dim)
     return
   if task == "token_classify":  # "word/TAG ..." per line

@@ -19,7 +19,7 @@ from jaxencoder.data import builders, pipeline, readers, sources
 from jaxencoder.data import __main__ as data_cli
 from jaxencoder.io.paths import as_path
 from jaxencoder.train.config import finalize
-from jaxencoder.train.pipelines import make_pipelines, resolve_source
+from jaxencoder.train.datasets import make_pipelines, resolve_source
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,8 @@ from data_helpers import WORDS
 from jaxencoder import EncoderDecoder, greedy_decode
 from jaxencoder.decoder import Decoder, decoder_config
 from jaxencoder.encoder import ENCODER
-from jaxencoder.train import predict, tasks
+from jaxencoder.tasks import registry
+from jaxencoder.train import predict
 from jaxencoder.train.__main__ import load_config
 from jaxencoder.train.config import apply_overrides
 from jaxencoder.train.loop import train_and_evaluate
@@ -117,7 +118,7 @@ def test_greedy_decoding_stops_each_row_at_its_end_token(built):
 
 def test_gradients_of_the_decoder_loss_reach_every_encoder_layer():
   cfg = tiny_config(**VARIANTS["loop"])
-  task = tasks.make_task("seq2seq", cfg)
+  task = registry.make_task("seq2seq", cfg)
   ids_BxL, mask_BxL, dec_BxT = inputs()
   batch = {"input_ids": ids_BxL, "attention_mask": mask_BxL, "decoder_input_ids": dec_BxT,
            "decoder_mask": jnp.ones_like(dec_BxT), "target_ids": jnp.roll(dec_BxT, -1, 1),

@@ -19,7 +19,8 @@ from conftest import random_ids, tiny_config
 from jaxencoder.data import builders
 from jaxencoder.electra import Electra, generator_config, replace_tokens
 from jaxencoder.encoder import EMBEDDINGS, ENCODER, Encoder
-from jaxencoder.train import predict, pretraining, tasks
+from jaxencoder.tasks import masked_lm, registry, replaced_tokens
+from jaxencoder.train import predict
 from jaxencoder.train.config import encoder_config, finalize
 from jaxencoder.train.loop import train_and_evaluate
 from jaxencoder.train.metrics import read_metrics
@@ -51,7 +52,7 @@ def test_generator_is_a_quarter_of_the_discriminator_over_its_token_vectors():
 def test_discriminator_is_the_encoder_of_the_param_tree():
   cfg = tiny_config()
   batch = mlm_batch()
-  task = tasks.make_task("electra", cfg)
+  task = registry.make_task("electra", cfg)
   shapes = lambda model, *args: nn.meta.unbox(
       jax.eval_shape(model.init, jax.random.key(0), *args)["params"])
   params = shapes(task.model, *task.example_batch(batch))
@@ -96,17 +97,17 @@ def test_no_gradient_reaches_the_generator_logits_through_the_draw():
 def test_discriminator_loss_reaches_the_generator_only_through_the_shared_table(max_predictions):
   cfg = tiny_config(num_layers=1)
   batch = mlm_batch()
-  task = tasks.make_task("electra", cfg, max_predictions=max_predictions)
+  task = registry.make_task("electra", cfg, max_predictions=max_predictions)
   params = init(task, batch)
   rng = jax.random.key(7)
   def discriminator_term(p):  # the task's own code path: generator, draw, discriminator
-    return tasks._electra(task.model, p, batch, "input_ids", rng, False, max_predictions,
+    return replaced_tokens.electra_loss_sums(task.model, p, batch, "input_ids", rng, False, max_predictions,
                           50.0)["discriminator_loss_sum"]
   grads = jax.jit(jax.grad(discriminator_term))(params)
   for name in GENERATOR:  # the generator's own weights: exactly zero
     assert not any(np.any(np.asarray(g)) for g in jax.tree.leaves(grads[name])), name
   # The shared table: exactly the gradient of the discriminator alone on the same ids.
-  labels, weights, positions = tasks.mlm_targets(batch, max_predictions)
+  labels, weights, positions = masked_lm.mlm_targets(batch, max_predictions)
   generate = jax.jit(functools.partial(task.model.apply, method="generate"))
   logits = generate({"params": params}, batch["input_ids"], batch["attention_mask"],
                     masked_positions=positions)
@@ -114,7 +115,7 @@ def test_discriminator_loss_reaches_the_generator_only_through_the_shared_table(
                                  weights, positions)  # the draw _electra makes with `rng`
   def discriminator_alone(p):
     disc = task.model.apply({"params": p}, ids, batch["attention_mask"], method="discriminate")
-    return pretraining.discriminator_sums(disc, replaced, batch["attention_mask"])[
+    return replaced_tokens.discriminator_sums(disc, replaced, batch["attention_mask"])[
         "discriminator_loss_sum"]
   table = lambda g: g[ENCODER][EMBEDDINGS]["token_embed"]["embedding"]
   expected = jax.jit(jax.grad(discriminator_alone))(params)
@@ -125,16 +126,16 @@ def test_discriminator_loss_reaches_the_generator_only_through_the_shared_table(
 def test_loss_is_generator_mlm_plus_50_times_discriminator_bce():
   cfg = tiny_config(num_layers=1)
   batch = mlm_batch()
-  task = tasks.make_task("electra", cfg, max_predictions=5)
+  task = registry.make_task("electra", cfg, max_predictions=5)
   params = init(task, batch)
   loss, sums = jax.jit(lambda p: task.loss_fn(p, batch, jax.random.key(3), True))(params)
-  m = tasks.summarize(jax.device_get(sums))
+  m = task.summarize(jax.device_get(sums))
   np.testing.assert_allclose(float(loss), m["generator_loss"] + 50 * m["discriminator_loss"],
                              rtol=1e-5)
   np.testing.assert_allclose(m["loss"], float(loss), rtol=1e-5)
   assert m["accuracy"] == pytest.approx(float(sums["discriminator_correct"]) /
                                         float(np.sum(batch["attention_mask"])))
-  only_generator = tasks.make_task("electra", cfg, max_predictions=5, discriminator_weight=0.0)
+  only_generator = registry.make_task("electra", cfg, max_predictions=5, discriminator_weight=0.0)
   loss0, _ = jax.jit(lambda p: only_generator.loss_fn(p, batch, jax.random.key(3), True))(params)
   np.testing.assert_allclose(float(loss0), m["generator_loss"], rtol=1e-5)
   q = m["replaced_fraction"]  # the base rate's BCE: the baseline of discriminator_loss
@@ -147,15 +148,15 @@ def test_config_options_reach_the_electra_task(tmp_path):
   config = electra_config(tmp_path, th.text_corpus(tmp_path), th.write_vocab(tmp_path))
   config.electra.generator_scale, config.electra.discriminator_weight = 0.5, 0.0
   config = finalize(config)
-  task = tasks.task_from_config(config, encoder_config(config), num_classes=2)
+  task = registry.task_from_config(config, encoder_config(config), num_classes=2)
   batch = mlm_batch()
   params = init(task, batch)
   cfg = encoder_config(config)
   shapes = lambda scale: jax.tree.map(np.shape, init(
-      tasks.make_task("electra", cfg, generator_scale=scale), batch)["generator"])
+      registry.make_task("electra", cfg, generator_scale=scale), batch)["generator"])
   assert jax.tree.map(np.shape, params["generator"]) == shapes(0.5) != shapes(0.25)
   loss, sums = task.loss_fn(params, batch, jax.random.key(3), True)
-  np.testing.assert_allclose(float(loss), tasks.summarize(jax.device_get(sums))["generator_loss"],
+  np.testing.assert_allclose(float(loss), task.summarize(jax.device_get(sums))["generator_loss"],
                              rtol=1e-5)  # weight 0: the generator's loss alone
 
 

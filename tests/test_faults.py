@@ -13,7 +13,7 @@ import pytest
 import train_helpers as th
 from jaxencoder.io.checkpoint import CheckpointError
 from jaxencoder.io.run_dir import RunDir, read_metrics
-from jaxencoder.train import loop
+from jaxencoder.train import loop, resume
 from jaxencoder.train.stop import EXIT_PREEMPTED, Preempted
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -191,7 +191,7 @@ TRAIN_IN_SUBPROCESS = """
 import sys
 sys.path.insert(0, {tests!r})
 import pathlib, test_faults
-from jaxencoder.train import loop
+from jaxencoder.train import loop, resume
 config = test_faults.short_config((pathlib.Path({root!r}), {source!r}, pathlib.Path({vocab!r})),
                                   steps={steps})
 loop.train_and_evaluate(config, {workdir!r})
@@ -239,7 +239,7 @@ def test_resuming_with_another_model_names_the_fields(corpus, tmp_path):
   loop.train_and_evaluate(short_config(corpus, steps=2), tmp_path)
   changed = short_config(corpus, steps=4)
   changed.model.num_heads, changed.optim.name = 2, "lion"
-  with pytest.raises(loop.ConfigChangedError,
+  with pytest.raises(resume.ConfigChangedError,
                      match=r"model.num_heads: 4 -> 2; optim.name: 'adamw' -> 'lion'\. Use a new"):
     loop.train_and_evaluate(changed, tmp_path)
 

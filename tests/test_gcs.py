@@ -24,7 +24,7 @@ from jaxencoder.io.paths import as_path, copy_tree
 from jaxencoder.tokenizer import Tokenizer
 from jaxencoder.train.config import finalize
 from jaxencoder.train.metrics import MetricWriter, read_metrics
-from jaxencoder.train.pipelines import make_pipelines
+from jaxencoder.train.datasets import make_pipelines
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -237,7 +237,8 @@ def test_convert_reads_and_writes_gcs_and_init_from_takes_its_architecture(gcs, 
   from jaxencoder import pretrained
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.pretrained.__main__ import convert
-  from jaxencoder.train.config import adopt_init_from_model, base_config
+  from jaxencoder.train.config import base_config
+  from jaxencoder.train.init_from import adopt
   cfg, params = tiny_bert_dir(tmp_path)
   copy_tree(tmp_path / "hf", gcs.url("conv/hf"))
   convert(gcs.url("conv/hf"), gcs.url("conv/run"))  # HF on gs -> run dir on gs
@@ -245,7 +246,7 @@ def test_convert_reads_and_writes_gcs_and_init_from_takes_its_architecture(gcs, 
   assert run.model_config() == cfg and "conv/run/tokenizer.json" in gcs.objects("conv/run/")
   config = base_config()
   config.init_from = gcs.url("conv/run")
-  assert f"model.emb_dim: 128 -> {cfg.emb_dim}" in adopt_init_from_model(config)
+  assert f"model.emb_dim: 128 -> {cfg.emb_dim}" in adopt(config)
   assert config.data.tokenizer == gcs.url("conv/run")
   convert(gcs.url("conv/run"), tmp_path / "back")  # run dir on gs -> local HF
   jax.tree.map(np.testing.assert_array_equal, pretrained.load(tmp_path / "back")[1], params)

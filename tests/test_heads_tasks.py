@@ -20,7 +20,7 @@ from data_helpers import WORDS, tiny_tokenizer
 from jaxencoder.data import builders, records, shakespeare_tasks, sources
 from jaxencoder.data.readers import DataError
 from jaxencoder.heads import info_nce_loss
-from jaxencoder.train import objectives, tasks
+from jaxencoder.tasks import classification, contrastive, registry, regression, span
 
 
 
@@ -39,7 +39,7 @@ def test_best_span_is_the_brute_force_argmax_under_the_length_limit(max_len):
   start, end = rng.normal(size=(2, 6, 11)).astype(np.float32)
   mask = rng.random((6, 11)) < 0.7
   mask[:, 4] = True  # every row has a place for an answer
-  got_start, got_end = jax.jit(objectives.best_span, static_argnums=3)(start, end, mask,
+  got_start, got_end = jax.jit(span.best_span, static_argnums=3)(start, end, mask,
                                                                        max_len)
   for b in range(6):
     assert (int(got_start[b]), int(got_end[b])) == brute_force_span(start[b], end[b], mask[b],
@@ -53,7 +53,7 @@ def test_span_sums_count_exact_matches_and_overlap_f1():
   batch = {"context_mask": jnp.ones((2, 6), jnp.int32).at[:, 0].set(0),
            "example_weights": jnp.ones(2), "start_positions": jnp.array([2, 1]),
            "end_positions": jnp.array([4, 1])}
-  sums = objectives.span_sums(start, end, batch, max_len=30)
+  sums = span.span_sums(start, end, batch, max_len=30)
   assert float(sums["correct"]) == 1.0
   np.testing.assert_allclose(sums["span_f1"], 1.0 + 2 * 1 / (3 + 1), rtol=1e-6)
   masked = jnp.where(batch["context_mask"] > 0, start, -1e9)
@@ -67,7 +67,7 @@ def test_span_features_point_at_the_answer_tokens_of_the_context():
   tok = tiny_tokenizer()
   ex = {"question": b"the fox", "context": b"a quick brown fox jumps over the dog",
         "answer": b"brown fox", "answer_start": 8, "origin": b"t:1"}
-  out = records.span(tok, 16)(ex)
+  out = span.span_features(tok, 16)(ex)
   first, last = int(out["start_positions"]), int(out["end_positions"])
   assert tok.decode(out["input_ids"][first:last + 1]) == "brown fox"
   in_context = np.flatnonzero(out["context_mask"])
@@ -79,21 +79,21 @@ def test_span_cut_off_by_truncation_has_weight_zero_and_a_wrong_answer_names_its
   tok = tiny_tokenizer()
   ex = {"context": b"the cat sat on a mat the dog ran far away", "answer": b"away",
         "origin": b"t:2"}
-  assert records.span(tok, 6)(ex)["example_weights"] == 0.0
+  assert span.span_features(tok, 6)(ex)["example_weights"] == 0.0
   with pytest.raises(DataError, match="t:2: answer 'fox' is not in the context"):
-    records.span(tok, 16)({**ex, "answer": b"fox"})
+    span.span_features(tok, 16)({**ex, "answer": b"fox"})
 
 
 # --- multi-label -------------------------------------------------------------------------
 def test_multilabel_f1_micro_and_macro_on_a_hand_built_case():
   gold = np.array([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 0]], np.float32)
   pred = np.array([[1, 0, 0], [0, 1, 1], [1, 0, 0], [0, 0, 0]], np.float32)
-  sums = objectives.multilabel_sums(jnp.asarray(pred * 4 - 2), jnp.asarray(gold), jnp.ones(4))
+  sums = classification.multilabel_sums(jnp.asarray(pred * 4 - 2), jnp.asarray(gold), jnp.ones(4))
   # label 0: tp 2; label 1: tp 1, fn 1; label 2: fp 1, fn 1
   np.testing.assert_array_equal(sums["label_tp"], [2, 1, 0])
   np.testing.assert_array_equal(sums["label_fp"], [0, 0, 1])
   np.testing.assert_array_equal(sums["label_fn"], [0, 1, 1])
-  metrics = tasks.summarize(sums)
+  metrics = classification.FAMILY.summarize("multilabel", sums)
   assert metrics["f1_micro"] == pytest.approx(2 * 3 / (2 * 3 + 1 + 2))
   assert metrics["f1_macro"] == pytest.approx((1.0 + 2 / 3 + 0.0) / 3)
   assert metrics["accuracy"] == pytest.approx(1 / 4)  # only the empty row entirely right
@@ -110,7 +110,7 @@ def test_multilabel_loss_is_the_mean_binary_cross_entropy():
   logits = jax.random.normal(jax.random.key(0), (5, 4)) * 2
   labels = (jax.random.uniform(jax.random.key(1), (5, 4)) < 0.4).astype(jnp.float32)
   weights = jnp.array([1.0, 1.0, 0.0, 1.0, 1.0])
-  sums = objectives.multilabel_sums(logits, labels, weights)
+  sums = classification.multilabel_sums(logits, labels, weights)
   p = 1 / (1 + np.exp(-np.asarray(logits, np.float64)))
   bce = -(labels * np.log(p) + (1 - labels) * np.log(1 - p)).mean(-1)
   np.testing.assert_allclose(sums["loss_sum"], (bce * weights).sum(), rtol=1e-5)
@@ -124,9 +124,9 @@ def test_mse_and_pearson_from_sums_over_batches_match_numpy():
   pred = (0.6 * target + rng.normal(size=40) * 0.5).astype(np.float32)
   totals = None
   for part in np.array_split(np.arange(40), 3):
-    sums = objectives.regression_sums(pred[part], target[part], np.ones(len(part)))
+    sums = regression.regression_sums(pred[part], target[part], np.ones(len(part)))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  metrics = tasks.summarize(jax.device_get(totals))
+  metrics = regression.FAMILY.summarize("regression", jax.device_get(totals))
   assert metrics["loss"] == pytest.approx(np.mean((pred - target) ** 2), rel=1e-5)
   assert metrics["pearson"] == pytest.approx(np.corrcoef(pred, target)[0, 1], rel=1e-4)
   assert "accuracy" not in metrics
@@ -136,8 +136,8 @@ def test_spearman_matches_scipy_with_ties():
   rng = np.random.default_rng(1)
   x = rng.integers(0, 6, 50).astype(float)  # many ties
   y = x + rng.normal(size=50)
-  assert objectives.spearman(x, y) == pytest.approx(scipy.stats.spearmanr(x, y)[0], rel=1e-9)
-  np.testing.assert_allclose(objectives.rank_average(x), scipy.stats.rankdata(x))
+  assert regression.spearman(x, y) == pytest.approx(scipy.stats.spearmanr(x, y)[0], rel=1e-9)
+  np.testing.assert_allclose(regression.rank_average(x), scipy.stats.rankdata(x))
 
 
 def test_ranked_sums_over_shuffled_batches_give_the_split_in_order():
@@ -147,14 +147,15 @@ def test_ranked_sums_over_shuffled_batches_give_the_split_in_order():
   totals = None
   for part in np.array_split(order, 3):  # a fill row (weight 0) in each batch
     idx, w = np.r_[part, 0], np.r_[np.ones(len(part)), 0.0]
-    sums = objectives.ranked_sums(jnp.asarray(np.r_[pred[part], 9.0]),
+    sums = regression.ranked_sums(jnp.asarray(np.r_[pred[part], 9.0]),
                                   jnp.asarray(np.r_[target[part], 9.0]), jnp.asarray(w),
                                   jnp.asarray(idx), capacity=16)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   np.testing.assert_allclose(totals["ranked_pred"][:10], pred)
   np.testing.assert_array_equal(totals["ranked_count"], np.r_[np.ones(10), np.zeros(6)])
   expected = scipy.stats.spearmanr(pred, target)[0]
-  assert objectives.summarize({"loss_weight": 10.0, **totals})["spearman"] == pytest.approx(
+  assert regression.FAMILY.summarize("regression", {**regression.regression_sums(
+      jnp.asarray(pred), jnp.asarray(target), jnp.ones(10)), **totals})["spearman"] == pytest.approx(
       expected, rel=1e-6)
 
 
@@ -169,9 +170,9 @@ def test_recall_at_k_and_mrr_on_a_hand_made_similarity_matrix():
                      [0.0, 0.9, 0.0, 0.0],
                      [0.0, 0.0, 0.0, 0.0]])  # weight 0: never counted
   w = jnp.ones(3)
-  sums = objectives.retrieval_sums(q, cands, w, jnp.array([1.0, 1, 1, 1, 1, 0]), 0.1,
+  sums = contrastive.retrieval_sums(q, cands, w, jnp.array([1.0, 1, 1, 1, 1, 0]), 0.1,
                                    ks=(1, 2))
-  metrics = objectives.summarize(sums)
+  metrics = contrastive.FAMILY.summarize("contrastive", sums)
   assert metrics["recall_at_1"] == pytest.approx(1 / 3)
   assert metrics["recall_at_2"] == pytest.approx(2 / 3)
   assert metrics["mrr"] == pytest.approx((1 + 1 / 4 + 1 / 2) / 3)
@@ -183,7 +184,7 @@ def test_recall_at_k_and_mrr_on_a_hand_made_similarity_matrix():
 def test_retrieval_loss_without_negatives_is_one_directional_info_nce():
   a, b = jax.random.normal(jax.random.key(3), (2, 5, 8))
   a, b = (x / jnp.linalg.norm(x, axis=-1, keepdims=True) for x in (a, b))
-  sums = objectives.retrieval_sums(a, b, jnp.ones(5), jnp.ones(5), 0.05)
+  sums = contrastive.retrieval_sums(a, b, jnp.ones(5), jnp.ones(5), 0.05)
   np.testing.assert_allclose(sums["loss_sum"] / 5, info_nce_loss(a, b, 0.05, symmetric=False),
                              rtol=1e-5)
 
@@ -195,7 +196,7 @@ def _init(task, batch):
 
 
 def test_multiple_choice_scores_each_choice_on_its_own():
-  task = tasks.make_task("multiple_choice", tiny_config(num_layers=1))
+  task = registry.make_task("multiple_choice", tiny_config(num_layers=1))
   ids = random_ids(0, (2, 3, 7))
   batch = {"input_ids": ids, "attention_mask": jnp.ones_like(ids),
            "labels": jnp.array([0, 2]), "example_weights": jnp.ones(2)}
@@ -213,7 +214,7 @@ def test_multiple_choice_scores_each_choice_on_its_own():
 
 
 def test_supervised_pairs_embed_each_text_as_alone():
-  task = tasks.make_task("contrastive", tiny_config(num_layers=1), projection_dim=16)
+  task = registry.make_task("contrastive", tiny_config(num_layers=1), projection_dim=16)
   ids = random_ids(1, (4, 3, 6))
   batch = {"input_ids": ids, "attention_mask": jnp.ones_like(ids),
            "example_weights": jnp.ones(4)}
@@ -226,7 +227,7 @@ def test_supervised_pairs_embed_each_text_as_alone():
   z, alone, (_, sums) = run(_init(task, batch))
   assert z.shape == (4, 3, 16)
   np.testing.assert_allclose(z[:, 2], alone, rtol=1e-5, atol=1e-6)
-  ref = objectives.retrieval_sums(z[:, 0], jnp.concatenate([z[:, 1], z[:, 2]]), jnp.ones(4),
+  ref = contrastive.retrieval_sums(z[:, 0], jnp.concatenate([z[:, 1], z[:, 2]]), jnp.ones(4),
                                   jnp.ones(8), 0.05)
   for key in ("loss_sum", "correct", "rr_sum"):
     np.testing.assert_allclose(sums[key], ref[key], rtol=1e-5)
@@ -255,7 +256,8 @@ def test_text_records_errors_name_the_row(tmp_path):
   write_csv(tmp_path / "src/train.csv", ["text", "target"], [["a", "1"], ["b", "high"]])
   with pytest.raises(DataError, match=r"train.csv:3: column 'target' = 'high' is not a number"):
     builders.prepare("text_records", tmp_path / "src", tmp_path / "tfds", name="bad")
-  fn = records.features("regression", tiny_tokenizer(), 8)
+  fn = records.checked(regression.regression_features(tiny_tokenizer(), 8),
+                       regression.FAMILY.record_columns["regression"], "regression")
   with pytest.raises(DataError, match="o: task regression needs columns text, target; "
                      "missing target"):
     fn({"text": b"a", "origin": b"o"})

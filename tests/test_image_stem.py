@@ -14,7 +14,7 @@ from jaxencoder.data import pipeline
 from jaxencoder.embeddings import Embeddings
 from jaxencoder.data.readers import DataError
 from jaxencoder.pretrained import vit
-from jaxencoder.train.pipelines import check_model_fits
+from jaxencoder.train.datasets import check_model_fits
 
 
 def _stem_vit(**overrides) -> EncoderConfig:

@@ -97,10 +97,14 @@ def test_only_an_enabled_writer_writes(tmp_path):
   assert any((tmp_path / "run" / "tensorboard").iterdir())
 
 
-@pytest.mark.parametrize("metric, mode", [
-    ("loss", "min"), ("generator_loss", "min"), ("discriminator_loss", "min"),
-    ("pair_loss", "min"), ("mse", "min"), ("accuracy", "max"), ("f1_macro", "max"),
-    ("mrr", "max"), ("recall_at_1", "max"), ("spearman", "max")])
-def test_best_checkpoint_direction_follows_the_metric(metric, mode):
-  from jaxencoder.train.metrics import metric_mode
-  assert metric_mode(metric) == mode
+@pytest.mark.parametrize("task, metric, mode", [
+    ("mlm", "loss", "min"), ("electra", "generator_loss", "min"),
+    ("electra", "discriminator_loss", "min"), ("mlm_sop", "pair_loss", "min"),
+    ("mlm_sop", "mlm_loss", "min"), ("mlm", "dropped_predictions", "min"),
+    ("classify", "accuracy", "max"), ("classify", "f1_macro", "max"),
+    ("contrastive", "mrr", "max"), ("contrastive", "recall_at_1", "max"),
+    ("regression", "spearman", "max"), ("electra", "replaced_recall", "max")])
+def test_best_checkpoint_direction_follows_the_metric(task, metric, mode):
+  """Each task's family says which of its metrics are minimised (best_metric's ranking)."""
+  from jaxencoder.tasks import registry
+  assert registry.family_of(task).metric_mode(metric) == mode

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 
 from conftest import random_ids, tiny_config
 from jaxencoder import Encoder, EncoderForMaskedLM
-from jaxencoder.layout import loop_to_scan
+from jaxencoder.stack_layout import loop_to_scan
 from jaxencoder import pretrained
 from jaxencoder.pretrained import modernbert
 from jaxencoder.tokenizer import Tokenizer

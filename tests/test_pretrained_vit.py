@@ -20,7 +20,7 @@ from conftest import tiny_config
 from jaxencoder import Encoder
 from jaxencoder.config import EncoderConfig
 from jaxencoder.embeddings import patchify
-from jaxencoder.layout import scan_to_loop
+from jaxencoder.stack_layout import scan_to_loop
 from jaxencoder.positions import resample_position_grid, resample_position_table
 from jaxencoder.pretrained import vit
 from jaxencoder.pretrained.resize import resize_positions

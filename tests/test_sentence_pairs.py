@@ -13,11 +13,11 @@ from data_helpers import WORDS, tiny_tokenizer
 from jaxencoder.data import builders, pairs
 from jaxencoder.data.mlm import MaskSpec
 from jaxencoder.data.readers import DataError
-from jaxencoder.train import tasks
+from jaxencoder.tasks import registry
 from jaxencoder.train.config import encoder_config, finalize, resolved_task
 from jaxencoder.train.loop import train_and_evaluate
-from jaxencoder.train.pipelines import make_pipelines
-from jaxencoder.train.tasks import task_from_config
+from jaxencoder.train.datasets import make_pipelines
+from jaxencoder.tasks.registry import task_from_config
 
 
 def corpus(files: int = 3, per_file: int = 8) -> list[dict]:
@@ -116,16 +116,16 @@ def test_pair_loss_is_mlm_plus_pair_cross_entropy():
            "token_type_ids": jnp.broadcast_to(jnp.arange(10) >= 5, ids.shape).astype(jnp.int32),
            "mlm_labels": ids, "mlm_weights": weights, "pair_labels": jnp.array([0, 1, 1, 0]),
            "example_weights": jnp.array([1.0, 1.0, 1.0, 0.0])}
-  task = tasks.make_task("mlm_sop", cfg, max_predictions=4)
+  task = registry.make_task("mlm_sop", cfg, max_predictions=4)
   params = nn.meta.unbox(task.model.init(jax.random.key(0), *task.example_batch(batch))["params"])
   assert set(params) == {"encoder", "mlm_head", "pair_head"}
   loss, sums = jax.jit(lambda p: task.loss_fn(p, batch, jax.random.key(0), False))(params)
-  m = tasks.summarize(jax.device_get(sums))
+  m = task.summarize(jax.device_get(sums))
   np.testing.assert_allclose(float(loss), m["mlm_loss"] + m["pair_loss"], rtol=1e-6)
   _, pair_logits, _ = task.model.apply({"params": params}, *task.example_batch(batch))
   ce = -jax.nn.log_softmax(pair_logits)[jnp.arange(4), batch["pair_labels"]]
   np.testing.assert_allclose(m["pair_loss"], float(jnp.sum(ce[:3]) / 3), rtol=1e-5)
-  mlm = tasks.make_task("mlm", cfg, max_predictions=4)
+  mlm = registry.make_task("mlm", cfg, max_predictions=4)
   mlm_loss, _ = mlm.loss_fn({k: params[k] for k in ("encoder", "mlm_head")}, batch,
                             jax.random.key(0), False)
   np.testing.assert_allclose(m["mlm_loss"], float(mlm_loss), rtol=1e-6)

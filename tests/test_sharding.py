@@ -18,7 +18,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from conftest import tiny_config
-from jaxencoder.train import sharding, steps, tasks
+from jaxencoder.tasks import registry
+from jaxencoder.train import sharding, steps
 from jaxencoder.train.optim import default_optim_config, make_optimizer
 
 pytestmark = pytest.mark.mesh
@@ -76,7 +77,7 @@ def mlm_batch(vocab: int = 104) -> dict[str, np.ndarray]:
 
 def make_state(mesh_shape, **model):
   """(task, tx, state) of a tiny MLM with the default optimizer, created on the mesh."""
-  task = tasks.make_task("mlm", tiny_config(**{"vocab_size": 104, **model}), max_predictions=4)
+  task = registry.make_task("mlm", tiny_config(**{"vocab_size": 104, **model}), max_predictions=4)
   optim = default_optim_config()
   optim.total_steps = 10
   batch = mlm_batch(task.model.cfg.vocab_size)

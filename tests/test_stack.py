@@ -14,7 +14,7 @@ import pytest
 
 from conftest import jit_model, random_ids, tiny_config
 from jaxencoder import Encoder, loop_to_scan, scan_to_loop
-from jaxencoder.train import tasks
+from jaxencoder.tasks import registry
 from jaxencoder.train.config import encoder_config, finalize
 
 
@@ -263,7 +263,7 @@ def test_bert_base_mlm_config_gets_the_sparse_last_block():
   max_predictions = math.ceil(config.max_predictions / config.data.seq_len * 32)
 
   def flops(model_cfg):
-    task = tasks.make_task("mlm", model_cfg, max_predictions=max_predictions)
+    task = registry.make_task("mlm", model_cfg, max_predictions=max_predictions)
     params = task.model.init(jax.random.key(0), *task.example_batch(batch))["params"]
     loss = lambda p: task.loss_fn(p, batch, jax.random.key(0), False)[0]
     return jax.jit(loss).lower(params).compile().cost_analysis()["flops"]

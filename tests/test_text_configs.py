@@ -18,8 +18,9 @@ from jaxencoder.data import builders, fetch, sources
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import save
 from jaxencoder.tokenizer import default_tokenizer_path
-from jaxencoder.train.config import (CONVERTED_FROM, adopt_init_from_model, base_config,
-                                     pretrained_run_dir)
+from jaxencoder.train.config import base_config
+from jaxencoder.train.init_from import CONVERTED_FROM, pretrained_run_dir
+from jaxencoder.train.init_from import adopt
 
 WSJ = "\n".join([
     "Pierre/NNP Vinken/NNP will/MD join/VB ./. He/PRP agreed/VBD ./.",  # line 0: test
@@ -99,7 +100,7 @@ def test_init_from_a_hugging_face_dir_converts_it_once_into_data_dir(tmp_path):
   cfg, params = _hf_dir(tmp_path / "hf", seed=0)
   config = base_config()
   config.init_from, config.data.data_dir = str(tmp_path / "hf"), str(tmp_path / "data")
-  changes = adopt_init_from_model(config)
+  changes = adopt(config)
   assert config.init_from.startswith(str(tmp_path / "data" / "pretrained" / "hf-"))
   assert f"init_from: {tmp_path / 'hf'} -> {config.init_from}" in changes
   assert (config.model.num_layers, config.model.emb_dim) == (cfg.num_layers, cfg.emb_dim)
@@ -142,7 +143,7 @@ def test_init_from_minilm_names_the_wheels_model(tmp_path):
   config = base_config()
   config.init_from, config.data.data_dir = "minilm", str(tmp_path)
   config.data.kind = "text_classification"
-  adopt_init_from_model(config)
+  adopt(config)
   assert config.init_from == str(tmp_path / "pretrained" / "minilm")
   assert (config.model.num_layers, config.model.emb_dim, config.model.pooling) == (6, 384, "mean")
   assert config.data.tokenizer == config.init_from  # the converted dir holds the vocab

@@ -24,9 +24,10 @@ from jaxencoder.io.run_dir import RunDir
 from jaxencoder.train.loop import NonFiniteLossError, build_task, setup, train_and_evaluate
 from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.stop import EXIT_PREEMPTED
-from jaxencoder.train.pipelines import make_pipelines
+from jaxencoder.train.datasets import make_pipelines
 from jaxencoder.train.metrics import read_metrics
-from jaxencoder.train.config import (adopt_init_from_model, apply_overrides, base_config,
+from jaxencoder.train.init_from import adopt
+from jaxencoder.train.config import (apply_overrides, base_config,
                                      encoder_config, finalize, model_config)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -203,7 +204,7 @@ def test_init_from_takes_the_stored_architecture_and_overrides_win(corpus, mlm_r
   # A config for another architecture: init_from brings the stored one (3 layers, 32 wide).
   other = th.tiny_config(root, source, vocab, emb_dim=48, num_layers=1, dropout_rate=0.3)
   other.init_from = str(mlm_run.workdir)
-  changes = adopt_init_from_model(other)
+  changes = adopt(other)
   assert "model.emb_dim: 48 -> 32" in changes and "model.num_layers: 1 -> 3" in changes
   assert other.model.dropout_rate == 0.3  # how to run it stays this config's
   # An explicit model override wins, and a shape that cannot load names param and shapes.

@@ -12,7 +12,7 @@ import pytest
 from jaxencoder.data import fetch as fetch_lib
 from jaxencoder.data import pipeline, sources
 from jaxencoder.data.readers import DataError
-from jaxencoder.train.pipelines import resolve_source
+from jaxencoder.train.datasets import resolve_source
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HEAD = "@problemName Tiny\n@univariate false\n@classLabel true up down\n@data\n"

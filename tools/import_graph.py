@@ -48,7 +48,7 @@ def folder(module: str) -> str:
   return parts[1] if len(parts) > 2 or parts[1] in FOLDERS or parts[1] in STANDALONE else "model"
 
 
-FOLDERS = ("aot", "data", "io", "pretrained", "probing", "train")
+FOLDERS = ("aot", "data", "io", "pretrained", "probing", "tasks", "train")
 
 
 def summary(package_dir: pathlib.Path) -> str:

@@ -69,12 +69,13 @@ def run(args, overrides) -> dict:
   from jaxencoder.aot.report import compile_config
   from jaxencoder.aot.targets import parse_target
   from jaxencoder.train.__main__ import load_config, quiet_library_logs
-  from jaxencoder.train.config import apply_overrides, finalize
+  from jaxencoder.train.config import apply_overrides
+  from jaxencoder.train.init_from import finalized
   target = parse_target(args.topology, args.slices)  # before the config: a typo fails fast
   quiet_library_logs()
   config = load_config(args.config)
   apply_overrides(config, overrides)
-  config = finalize(ml_collections.ConfigDict(config.to_dict()))
+  config = finalized(config)
   result = compile_config(config, target, steps=args.steps, max_batch=args.max_batch,
                           group=args.group)
   result["config"] = args.config

@@ -23,7 +23,7 @@ from jaxencoder.train.batch_shapes import abstract_batch, batch_shapes, zeros_ba
 from jaxencoder.train.config import encoder_config
 from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.parallel import _compile
-from jaxencoder.train.tasks import task_from_config
+from jaxencoder.tasks.registry import task_from_config
 
 log = logging.getLogger("jaxencoder")
 

@@ -18,8 +18,8 @@ Batch keys (dicts of numpy arrays; B batch, L length):
   label_weights   [B, L] float32 token tasks: 1.0 on each word's first sub-word
   images          [B, H, W, C] float32 normalised
   inputs          [B, L, F] float32 time series (attention_mask [B, L] marks real steps)
-  text_records tasks (span, multilabel, regression, multiple_choice, contrastive pairs):
-                  their keys in data/records.py; example_index [B] int32 when asked
+  text_records tasks: their keys in their task's module (jaxencoder/tasks/);
+                  example_index [B] int32 when asked
 A short final batch (finite epochs, drop_remainder=False) is filled with
 all-padding rows (masks and weights 0) so that every batch has shape [B, ...].
 
@@ -46,7 +46,7 @@ import numpy as np
 from grain import experimental as grain_exp
 
 from jaxencoder.data import mlm as mlm_lib
-from jaxencoder.data import packing, records, token_ids
+from jaxencoder.data import packing, token_ids
 from jaxencoder.data.readers import DataError, as_text, check_not_empty
 
 TEXT_KEYS = ("input_ids", "token_type_ids")
@@ -340,20 +340,19 @@ def tagging_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
                  shard_index, shard_count, workers)
 
 
-def records_pipeline(source, tokenizer, *, task: str, seq_len: int, batch_size: int,
-                     num_labels: int | None = None, index_examples: bool = False,
+def records_pipeline(source, features, *, batch_size: int, index_examples: bool = False,
                      seed: int | None = 0, num_epochs: int | None = 1, shard_index=None,
                      shard_count=None, drop_remainder: bool = False,
                      num_threads: int = 0, workers: int = 0) -> grain.IterDataset:
-  """text_records batches for `task` (columns and arrays: data/records.py);
-  `index_examples` adds `example_index` [B], each row's place in `source`."""
+  """text_records batches of `features(example)` (a task's record features:
+  jaxencoder/tasks/); `index_examples` adds `example_index` [B], each row's place in
+  `source`."""
   ds = grain.MapDataset.source(source)
   if index_examples:
     ds = ds.map_with_index(lambda i, ex: {**ex, "example_index": i})
   if seed is not None:
     ds = ds.shuffle(seed=seed)
-  ds = ds.repeat(num_epochs).map(records.features(task, tokenizer, seq_len,
-                                                  num_labels=num_labels))
+  ds = ds.repeat(num_epochs).map(features)
   return batches(ds, batch_size, drop_remainder, num_threads, shard_index,
                  shard_count, workers)
 

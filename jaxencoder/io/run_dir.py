@@ -32,7 +32,7 @@ from jaxencoder.electra import Electra
 from jaxencoder.heads import EncoderForMaskedLM
 from jaxencoder.io.checkpoint import CONFIG, STATE, Checkpointer, restore_params_only
 from jaxencoder.io.paths import as_path
-from jaxencoder.layout import loop_to_scan, scan_to_loop
+from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"

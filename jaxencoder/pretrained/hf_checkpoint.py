@@ -26,7 +26,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import ENCODER
-from jaxencoder.layout import loop_to_scan, scan_to_loop
+from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
 from jaxencoder.pretrained import bert_names as names
 from jaxencoder.pretrained.resize import resize_positions
 from jaxencoder.tokenizer import Tokenizer

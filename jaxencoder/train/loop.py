@@ -25,14 +25,17 @@ from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
 from jaxencoder.io.checkpoint import Checkpointer, CheckpointError
 from jaxencoder.io.run_dir import RunDir
-from jaxencoder.train.metrics import MetricWriter, metric_mode, throughput
+from jaxencoder.tasks.base import Task
+from jaxencoder.tasks.registry import task_from_config
+from jaxencoder.train.metrics import MetricWriter, throughput
 from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.parallel import make_stepper
-from jaxencoder.train.pipelines import Pipelines, make_pipelines
+from jaxencoder.train.datasets import Pipelines, make_pipelines
 from jaxencoder.train.prefetch import DevicePrefetch
 from jaxencoder.train.stop import Preempted, StopSignals
-from jaxencoder.train.tasks import Task, summarize, task_from_config
-from jaxencoder.train.config import RNG_IMPLS, config_changes, encoder_config, finalize
+from jaxencoder.train.config import RNG_IMPLS, encoder_config
+from jaxencoder.train.init_from import finalized
+from jaxencoder.train.resume import ConfigChangedError, check_config_unchanged  # noqa: F401
 
 log = logging.getLogger("jaxencoder")
 
@@ -99,7 +102,7 @@ def setup(config: ml_collections.ConfigDict, workdir) -> Run:
   checkpointer = run_dir.checkpointer(
       save_interval_steps=config.checkpoint_every,
       max_to_keep=config.keep_checkpoints, best_metric=f"eval_{config.best_metric}",
-      best_mode=metric_mode(config.best_metric))
+      best_mode=task.metric_mode(config.best_metric))
   run = Run(config, run_dir, task, pipelines, mesh, rules, tx, schedule,
             steps.state_shardings(task, tx, example, mesh, rules, boxed=boxed), checkpointer,
             writer=None, train_iter=train_iter)
@@ -122,9 +125,9 @@ def restore_or_init(run: Run, example, boxed=None) -> steps.TrainState:
     try:
       step, state, data_state, saved = run.checkpointer.restore_newest(abstract_state=abstract)
     except CheckpointError:
-      check_config_unchanged(run)  # a changed model restores nowhere: name its fields
+      check_config_unchanged(run.run_dir, config)  # restores nowhere: name the fields
       raise
-    check_config_unchanged(run, saved)  # the config of the step restored, not another
+    check_config_unchanged(run.run_dir, config, saved)  # the step restored, not another
     restore_data_position(run.train_iter, data_state, step, run.pipelines.train_workers)
     log.info("resumed from step %d (%s)", step, run.checkpointer.directory / str(step))
     return state
@@ -134,35 +137,6 @@ def restore_or_init(run: Run, example, boxed=None) -> steps.TrainState:
   if config.init_from:
     state = load_encoder(state, config.init_from, run.shardings)
   return state
-
-
-class ConfigChangedError(ValueError):
-  """Resuming with a model / optimizer / data config other than the run's saved one."""
-
-
-def check_config_unchanged(run: Run, saved: dict | None = None) -> None:
-  """Compares a saved config (default: that of the newest step whose config reads) to
-  this one: allowed changes (schedule, length, logging) warn; structural ones raise
-  naming each field."""
-  if saved is None:
-    for step in reversed(run.run_dir.steps()):  # the newest step whose config reads
-      try:
-        saved = run.run_dir.read_config(step)
-        break
-      except Exception:  # a damaged step: restore_newest reports it
-        continue
-  if not saved:
-    return
-  allowed, structural = config_changes(saved, run.config)
-  if allowed:
-    log.warning("resuming with changed settings: %s", "; ".join(allowed))
-  if structural and not run.config.allow_config_change:
-    raise ConfigChangedError(
-        f"{run.run_dir.path} was trained with another config: " + "; ".join(structural) +
-        ". Use a new --workdir, or --config.allow_config_change=true to resume anyway")
-  if structural:
-    log.warning("resuming despite config changes (allow_config_change): %s",
-                "; ".join(structural))
 
 
 # The layout of the saved iterator states: 2 = batches as a random-access dataset
@@ -219,7 +193,7 @@ def evaluate(run: Run, eval_step, signals: StopSignals | None = None, *,
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   if totals is None:
     raise ValueError("the eval split is empty")
-  return summarize(jax.device_get(totals))
+  return run.task.summarize(jax.device_get(totals))
 
 
 def check_finite(state: steps.TrainState) -> None:
@@ -248,7 +222,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   SIGTERM / SIGINT save the latest finished step and raise `Preempted` (see train/stop.py).
   """
   started = time.perf_counter()
-  config = finalize(ml_collections.ConfigDict(config.to_dict()))
+  config = finalized(config)
   sharding_lib.use_cpu_devices(config.cpu_devices)
   use_compilation_cache(config.compilation_cache_dir)
   with StopSignals() as signals:
@@ -294,7 +268,7 @@ def evaluate_run(config: ml_collections.ConfigDict | None, workdir) -> dict[str,
   if config is None:
     config = ml_collections.ConfigDict(source.read_config())
     config.init_from = ""  # the run's own checkpoint holds the weights
-  config = finalize(ml_collections.ConfigDict(config.to_dict()))
+  config = finalized(config)
   sharding_lib.use_cpu_devices(config.cpu_devices)
   use_compilation_cache(config.compilation_cache_dir)
   run = setup(config, workdir)
@@ -404,7 +378,7 @@ def _log_train(run: Run, window, done: int, tick: float, batch, flops, bar,
   now = time.perf_counter()
   sums = {k: np.sum([w[k] for w in host], axis=0) for k in host[0]
           if k not in ("grad_norm", "loss")}  # every metric of the window, as eval's
-  values = summarize(sums)
+  values = run.task.summarize(sums)
   values["grad_norm"] = float(np.mean([w["grad_norm"] for w in host]))
   values["learning_rate"] = float(run.schedule(done))
   mask = batch.get("attention_mask")  # this process's rows of the global batch

@@ -32,15 +32,6 @@ PEAK_BF16_FLOPS = {
 }
 
 
-LOWER_IS_BETTER = ("loss", "mse", "dropped_predictions")
-
-
-def metric_mode(metric: str) -> str:
-  """'min' for a loss or an error (`loss`, `generator_loss`, `mse`, ...), 'max' for a
-  score (accuracy, F1, MRR, recall@k, correlations): how `best_metric` ranks checkpoints."""
-  return "min" if metric in LOWER_IS_BETTER or metric.endswith("_loss") else "max"
-
-
 def device_peak_flops(device: jax.Device | None = None) -> float | None:
   """bf16 peak of one device when its kind is in the table; None (e.g. CPU) otherwise."""
   kind = (device or jax.devices()[0]).device_kind

@@ -22,36 +22,42 @@ import dataclasses
 import pathlib
 
 import flax.linen as nn
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from jaxencoder import cli
 from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import ENCODER, Encoder
 from jaxencoder.io.checkpoint import restore_params_only
 from jaxencoder.io.run_dir import RunDir, abstract_params
+from jaxencoder.tasks import registry
+from jaxencoder.tasks.base import Family
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
-from jaxencoder.train import pipelines
-from jaxencoder.decoder import greedy_decode
-from jaxencoder.train.config import resolved_task
-from jaxencoder.train.tasks import MASKED_TASKS, task_from_config
+from jaxencoder.train import datasets
 
 BATCH = 32
-LINE_TASKS = ("classify", "multilabel", "regression", "token_classify", "seq2seq")
-UNSUPPORTED = ("span", "multiple_choice")
 
 
 @dataclasses.dataclass
 class Predictor:
-  """A restored run: its task name, model config, task params, tokenizer and labels."""
+  """A restored run: its task name and family, model config, task params, tokenizer and
+  labels."""
   task: str
+  family: Family
   cfg: EncoderConfig
   model: nn.Module
   params: dict
   tokenizer: Tokenizer
   seq_len: int
   label_names: list[str] | None
+
+  def label(self, index: int) -> str:
+    """A class's name from the run's dataset, else its index."""
+    return self.label_names[index] if self.label_names else str(index)
+
+  @property
+  def predicts(self) -> str:
+    """"lines", "words" (pre-tokenized lines) or "vectors" (the family's `predicts`)."""
+    return self.family.predicts[self.task]
 
 
 def load(run_path, step: int | None = None) -> Predictor:
@@ -61,46 +67,43 @@ def load(run_path, step: int | None = None) -> Predictor:
   if cfg.input_kind != "text":
     raise ValueError(f"{run_path}: predict reads text; this run's input_kind is {cfg.input_kind!r}")
   names = _label_names(config)
-  task_name = resolved_task(config)
-  if task_name in UNSUPPORTED:
+  task_name, family = registry.owner(config)
+  if task_name not in family.predicts:
+    supported = [n for f in registry.FAMILIES for n in f.predicts]
     raise ValueError(f"{run_path}: predict does not support task {task_name!r} (supported: "
-                     "classify, multilabel, regression, token_classify, seq2seq, the masked "
-                     "pre-training tasks, contrastive)")
-  task = task_from_config(config, cfg, num_classes=len(names) if names else config["num_classes"])
-  ids, ones = jnp.zeros((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32)
-  example = ((ids, ones, ids, None, None, ids, ones)  # EncoderDecoder's init needs targets
-             if task_name == "seq2seq" else None)
+                     f"{', '.join(supported)})")
+  task = registry.task_from_config(config, cfg, num_classes=len(names) if names
+                                   else config.get("num_classes", 2))
+  example = family.init_inputs(task_name)
   params = restore_params_only(run.checkpoint_dir, abstract_params(cfg, task.model, example),
                                subtree=("params",),
                                step=step if step is not None else run.latest_step())
   tokenizer = Tokenizer.from_file(run.tokenizer_path() or default_tokenizer_path())
   seq_len = min(config["data"]["seq_len"], cfg.max_positions)
-  return Predictor(task_name, cfg, task.model, params, tokenizer, seq_len, names)
+  return Predictor(task_name, family, cfg, task.model, params, tokenizer, seq_len, names)
 
 
 def _label_names(config: dict) -> list[str] | None:
   """Class names from the run's prepared dataset, if it can still be opened."""
   data = ml_collections.ConfigDict(config["data"])
   try:
-    return pipelines.label_names(data, data.source)
+    return datasets.label_names(data, data.source)
   except Exception:  # the dataset moved or was deleted: fall back to indices
     return None
 
 
 def predict(p: Predictor, lines: list[str]) -> list[str] | np.ndarray:
-  """Output lines (LINE_TASKS) or pooled vectors [N, D] (the masked pre-training tasks,
-  contrastive)."""
+  """Output lines, or pooled vectors [N, D] (the task's family's `predicts`)."""
   outputs = []
   for start in range(0, len(lines), BATCH):
     outputs.append(_predict_batch(p, lines[start:start + BATCH]))
-  if p.task in LINE_TASKS:
+  if p.predicts != "vectors":
     return [line for batch in outputs for line in batch]
   return np.concatenate(outputs) if outputs else np.zeros((0, p.cfg.emb_dim), np.float32)
 
 
 def _predict_batch(p: Predictor, lines: list[str]):
-  name = lambda i: p.label_names[i] if p.label_names else str(i)
-  if p.task == "token_classify":
+  if p.predicts == "words":
     words = [line.split() for line in lines]
     batch = p.tokenizer.encode_batch(words, max_length=p.seq_len, is_pretokenized=True)
   else:
@@ -111,28 +114,7 @@ def _predict_batch(p: Predictor, lines: list[str]):
                                      max_length=p.seq_len)
   types = batch["token_type_ids"] if p.cfg.type_vocab_size else None
   args = (batch["input_ids"], batch["attention_mask"], types)
-  if p.task == "seq2seq":
-    tokens_BxT = greedy_decode(p.model, p.params, *args[:2], p.seq_len - 1,
-                               p.tokenizer.cls_id, eos_id=p.tokenizer.sep_id,
-                               token_type_ids=args[2])
-    return [f"{p.tokenizer.decode(row)}\t{line}" for row, line in zip(np.asarray(tokens_BxT), lines)]
-  if p.task in MASKED_TASKS or p.task == "contrastive":
-    encoder_params = p.params[ENCODER] if ENCODER in p.params else p.params
-    out = Encoder(p.cfg).apply({"params": encoder_params}, *args)
-    return np.asarray(out.pooled, np.float32)
-  logits = np.asarray(p.model.apply({"params": p.params}, *args))
-  if p.task == "classify":
-    return [f"{name(int(c))}\t{line}" for c, line in zip(logits.argmax(-1), lines)]
-  if p.task == "regression":
-    return [f"{value:.6g}\t{line}" for value, line in zip(logits[:, 0], lines)]
-  if p.task == "multilabel":
-    return [f"{','.join(name(int(c)) for c in np.flatnonzero(row > 0))}\t{line}"
-            for row, line in zip(logits, lines)]  # logit > 0 <=> sigmoid > 0.5
-  tags_BxL = logits.argmax(-1)
-  first_BxW = batch["first_subword_index"]
-  return [" ".join(f"{w}/{name(int(tags_BxL[b, first_BxW[b, i]]))}"
-                   for i, w in enumerate(ws) if i < first_BxW.shape[1] and first_BxW[b, i] >= 0)
-          for b, ws in enumerate(words)]
+  return p.family.predict(p.task, p, batch, args, lines)
 
 
 def main(argv=None) -> None:

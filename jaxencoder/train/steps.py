@@ -13,7 +13,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxencoder.train import sharding as sharding_lib
-from jaxencoder.train.tasks import Task
+from jaxencoder.tasks.base import Task
 
 
 @flax.struct.dataclass

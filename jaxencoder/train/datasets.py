@@ -14,12 +14,11 @@ from jax.experimental import multihost_utils
 
 from jaxencoder.data import builders
 from jaxencoder.data import fetch as fetch_lib
-from jaxencoder.data import pairs, pipeline, shuffled_words, sources, span_views, token_ids
+from jaxencoder.data import pipeline, records, sources, token_ids
 from jaxencoder.data.readers import DataError
 from jaxencoder.io.paths import as_path
+from jaxencoder.tasks import masked_lm, registry
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
-from jaxencoder.train.config import resolved_task
-from jaxencoder.train.tasks import MASKED_TASKS, SENTENCE_PAIR_TASKS
 
 TEXT_KINDS = builders.TEXT_KINDS
 
@@ -208,11 +207,10 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
 
 
 def stores_token_ids(config) -> bool:
-  """Whether the task reads a text_corpus through `pipeline.mlm_pipeline`, which takes
-  stored token ids, and data.tokenize_once asks for them."""
-  task = resolved_task(config)
-  return (config.data.kind == "text_corpus" and config.data.tokenize_once
-          and task != "seq2seq" and task not in SENTENCE_PAIR_TASKS)
+  """Whether the task reads a text_corpus as stored token ids (its family decides:
+  jaxencoder/tasks/base.Family.stores_token_ids)."""
+  name, family = registry.owner(config)
+  return family.stores_token_ids(name, config)
 
 
 def num_workers(config, src, tok) -> int:
@@ -230,29 +228,25 @@ def num_workers(config, src, tok) -> int:
 
 def _pipeline(config, tok, src, *, batch_size, num_epochs, train, num_classes=None,
               workers: int = 0) -> grain.IterDataset:
-  """The data.kind pipeline over `src` (train: packed if so configured, drops a short
-  last batch of an MLM stream, made by data.workers processes; eval: every example
-  once, a short last batch filled, text_records rows numbered for metrics that rank
-  the whole split, made in this process)."""
-  data_cfg = config.data
+  """The task's pipeline over `src` (its family decides; by default the data kind's:
+  train: packed if so configured, drops a short last batch of an MLM stream, made by
+  data.workers processes; eval: every example once, a short last batch filled,
+  text_records rows numbered for metrics that rank the whole split, made in this
+  process)."""
+  name, family = registry.owner(config)
   kw = dict(batch_size=batch_size, num_epochs=num_epochs, seed=config.seed,
-            num_threads=data_cfg.num_threads, workers=workers)
-  if config.task == "seq2seq":
-    if data_cfg.kind != "text_corpus":
-      raise ValueError("task='seq2seq' restores a text_corpus's sentences from their shuffled "
-                       f"words; data.kind={data_cfg.kind!r} is not text_corpus")
-    return shuffled_words.shuffled_words_pipeline(
-        src, tok, seq_len=data_cfg.seq_len, min_words=data_cfg.min_words,
-        max_words=data_cfg.max_words, drop_remainder=train, **kw)
-  if config.task == "contrastive" and data_cfg.views != "dropout":
-    if data_cfg.views != "halves" or data_cfg.kind not in ("text_corpus", "text_records"):
-      raise ValueError(f"data.views={data_cfg.views!r} with data.kind={data_cfg.kind!r}: views "
-                       "are 'dropout' (SimCSE: a text twice) or, for text_corpus / text_records "
-                       "texts, 'halves' (a text's first and second half)")
-    return span_views.halves_pipeline(src, tok, seq_len=data_cfg.seq_len, drop_remainder=train,
-                                      **kw)
-  if data_cfg.kind == "text_corpus":
-    return _masked_text_pipeline(config, tok, src, train=train, **kw)
+            num_threads=config.data.num_threads, workers=workers)
+  kind = lambda: _kind_pipeline(config, name, family, tok, src, train=train,  # noqa: E731
+                                num_classes=num_classes, **kw)
+  return family.pipeline(name, config, src, tok, train=train, kind_pipeline=kind, **kw)
+
+
+def _kind_pipeline(config, name, family, tok, src, *, train, num_classes,
+                   **kw) -> grain.IterDataset:
+  """The data kind's pipeline: what most tasks read from that kind."""
+  data_cfg = config.data
+  if data_cfg.kind == "text_corpus":  # plain tokens (the masked tasks mask them)
+    return masked_lm.masked_text_pipeline(config, tok, src, train=train, rate=0.0, **kw)
   if data_cfg.kind == "text_classification":
     return pipeline.classification_pipeline(src, tok, seq_len=data_cfg.seq_len, **kw)
   if data_cfg.kind == "tagged_tokens":
@@ -265,24 +259,11 @@ def _pipeline(config, tok, src, *, batch_size, num_epochs, train, num_classes=No
                                     random_shift=data_cfg.random_shift if train else 0,
                                     random_scale=data_cfg.random_scale if train else 0.0, **kw)
   if data_cfg.kind == "text_records":
-    return pipeline.records_pipeline(src, tok, task=config.task, seq_len=data_cfg.seq_len,
-                                     num_labels=num_classes, index_examples=not train, **kw)
+    if name not in family.record_columns:
+      raise DataError(f"data.kind=text_records serves the tasks "
+                      f"{', '.join(registry.record_tasks())}; not task={name!r}")
+    make = family.record_features(name, tok, data_cfg.seq_len, num_labels=num_classes)
+    return pipeline.records_pipeline(src, records.checked(make, family.record_columns[name], name),
+                                     index_examples=not train, **kw)
   raise ValueError(f"data.kind={data_cfg.kind!r} is not one of text_corpus, "
                    "text_classification, tagged_tokens, image_arrays, time_series, text_records")
-
-
-def _masked_text_pipeline(config, tok, src, *, train, **kw) -> grain.IterDataset:
-  """text_corpus batches for the task: BERT-masked for the masked tasks (sentence pairs for
-  mlm with a sentence_pair objective), plain tokens otherwise."""
-  data_cfg, task = config.data, resolved_task(config)
-  rate = data_cfg.mask_rate if task in MASKED_TASKS else 0.0
-  spec = pipeline.default_mask(tok, rate=rate, whole_word=data_cfg.whole_word)
-  mode = data_cfg.packing if train else "pad"
-  if task not in SENTENCE_PAIR_TASKS:
-    return pipeline.mlm_pipeline(src, tok, seq_len=data_cfg.seq_len, mode=mode, mask=spec,
-                                 drop_remainder=train, **kw)
-  if mode != "pad":
-    raise ValueError(f"sentence_pair={SENTENCE_PAIR_TASKS[task]!r} needs one sentence pair "
-                     f"per row: data.packing={mode!r} is not supported, use 'pad'")
-  return pairs.pair_pipeline(src, tok, SENTENCE_PAIR_TASKS[task], seq_len=data_cfg.seq_len,
-                             mask=spec, drop_remainder=train, **kw)

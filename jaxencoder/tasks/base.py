@@ -1,0 +1,203 @@
+"""What a task is: `Family` (everything about a family of tasks, one module each) and
+`Task` (one built task: a model and its loss), with the sums every family shares.
+
+Metrics are sums (e.g. `loss_sum`, `loss_weight`, `correct`), so evaluation over a whole
+split is exact whatever the batching; a family's `summarize` turns them into values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxencoder.config import EncoderConfig
+
+INPUT_KEYS = {"text": "input_ids", "image": "images", "series": "inputs"}
+MODEL_KWARGS = ("attention_mask", "token_type_ids", "segment_ids", "positions")
+MASKED = -1e9  # logit of a position or candidate that may not be chosen
+TEXT_ROWS = ("input_ids", "attention_mask", "segment_ids", "positions", "token_type_ids")
+Sums = dict[str, jax.Array]
+Shapes = dict[str, tuple[tuple[int, ...], type]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A model and its loss. `loss_fn(params, batch, rng, train)` -> (loss, metric sums)."""
+  name: str
+  model: nn.Module
+  input_key: str
+  loss_fn: Callable[..., tuple[jax.Array, Sums]]
+  family: "Family"
+  extra_keys: tuple[str, ...] = ()  # batch keys the model takes after MODEL_KWARGS (seq2seq)
+
+  def example_batch(self, batch: dict[str, Any]) -> tuple:
+    """The positional model inputs of a batch (for init)."""
+    return model_args(batch, self.input_key) + tuple(batch[k] for k in self.extra_keys)
+
+  def summarize(self, sums: dict[str, Any]) -> dict[str, float]:
+    return self.family.summarize(self.name, sums)
+
+  def metric_mode(self, metric: str) -> str:
+    return self.family.metric_mode(metric)
+
+
+class Family:
+  """Everything about one family of tasks: its names, config options, model and loss,
+  summary, metric directions, input pipeline, batch shapes and predictions.
+
+  A new task is a subclass in its own module and one line in `registry.FAMILIES`.
+  `name` below is always the resolved task name (`resolve`).
+  """
+  names: tuple[str, ...] = ()
+  # Top-level training-config keys this family reads, with their defaults (a dict value
+  # becomes a sub-config); train/config.base_config takes them from every family.
+  options: dict[str, Any] = {}
+  minimized: tuple[str, ...] = ()  # metrics beside `loss` where lower is better
+  # text_records columns each task needs (a task absent here does not read text_records).
+  record_columns: dict[str, tuple[str, ...]] = {}
+  # What jaxencoder-predict makes for each task: "lines" (one output line per input line),
+  # "words" (the same, for lines of space-separated words) or pooled "vectors"; a task
+  # absent here has no predictions.
+  predicts: dict[str, str] = {}
+
+  def resolve(self, config) -> str:
+    """The task to build from a config (ConfigDict or stored dict), options folded in."""
+    return config["task"]
+
+  def check(self, name: str, config) -> None:
+    """Raises ValueError for options or data this task cannot take."""
+
+  def finalize(self, name: str, config) -> None:
+    """Sets the config's derived option values (train/config.finalize, before the lock)."""
+
+  def task_options(self, name: str, config) -> dict[str, Any]:
+    """The keyword options `build` takes, read from a config (an older stored config
+    lacking one: its default)."""
+    return {}
+
+  def build(self, name: str, cfg: EncoderConfig, *, num_classes: int, **options) -> Task:
+    raise NotImplementedError
+
+  def summarize(self, name: str, sums: dict[str, Any]) -> dict[str, float]:
+    return loss_summary(sums)
+
+  def metric_mode(self, metric: str) -> str:
+    """'min' for `loss` and the family's `minimized` metrics, 'max' for the rest."""
+    return "min" if metric in ("loss", "dropped_predictions", *self.minimized) else "max"
+
+  def pipeline(self, name: str, config, source, tokenizer, *, train: bool,
+               kind_pipeline: Callable[[], Any], **kw):
+    """The input pipeline; by default the data kind's (`kind_pipeline()`). `kw`: batch
+    size, epochs, seed, threads and workers (data/pipeline.py's arguments)."""
+    return kind_pipeline()
+
+  def stores_token_ids(self, name: str, config) -> bool:
+    """Whether a text_corpus is read as stored token ids (data/token_ids.py): by default
+    when data.tokenize_once asks for them."""
+    return config.data.kind == "text_corpus" and config.data.tokenize_once
+
+  def record_features(self, name: str, tokenizer, seq_len: int, *,
+                      num_labels: int | None) -> Callable[[dict], dict]:
+    """A text_records example -> this task's arrays (data/records.py helpers)."""
+    raise NotImplementedError
+
+  def batch_shapes(self, name: str, config, batch: int, *, train: bool, group: int | None,
+                   kind_shapes: Callable[[], Shapes]) -> Shapes | None:
+    """{key: (shape, dtype)} of a batch where the task decides them; None: the data
+    kind's (`kind_shapes()`, train/batch_shapes.py)."""
+    return None
+
+  def init_inputs(self, name: str) -> tuple | None:
+    """Model inputs for an abstract init beyond (ids, mask) (None: those two)."""
+    return None
+
+  def predict(self, name: str, predictor, batch: dict[str, np.ndarray], args: tuple,
+              lines: list[str]):
+    """Output lines (`predicts` "lines" / "words") or pooled vectors [N, D] ("vectors")."""
+    raise NotImplementedError
+
+
+def model_args(batch: dict[str, Any], input_key: str) -> tuple:
+  return (batch[input_key],) + tuple(batch.get(k) for k in MODEL_KWARGS)
+
+
+def apply_model(task_model, params, batch, input_key, rng, train, **kwargs):
+  rngs = {"dropout": rng} if train else {}
+  return task_model.apply({"params": params}, *model_args(batch, input_key),
+                          deterministic=not train, rngs=rngs, **kwargs)
+
+
+def mean_loss(sums: Sums) -> jax.Array:
+  return sums["loss_sum"] / jnp.maximum(sums["loss_weight"], 1.0)
+
+
+def weighted_ce(logits, labels, weights) -> Sums:
+  """Sums of cross-entropy, weight and correct top-1 guesses (a tie with the label counts).
+
+  One max and one exp-sum over the classes serve both loss and accuracy: an argmax
+  would be a third pass over [B, L, V] (4% of a full-vocabulary BERT-small step on CPU).
+  """
+  logits = logits.astype(jnp.float32)
+  max_logit = jax.lax.stop_gradient(jnp.max(logits, -1, keepdims=True))
+  log_z = jnp.log(jnp.sum(jnp.exp(logits - max_logit), -1)) + max_logit[..., 0]
+  label_logit = jnp.take_along_axis(logits, labels[..., None], -1)[..., 0]
+  ce = log_z - label_logit
+  correct = (label_logit >= max_logit[..., 0]).astype(jnp.float32)
+  weights = weights.astype(jnp.float32)
+  return {"loss_sum": jnp.sum(ce * weights), "loss_weight": jnp.sum(weights),
+          "correct": jnp.sum(correct * weights)}
+
+
+def masked_cross_entropy(logits_BxN, labels_B, mask_BxN) -> jax.Array:
+  """Softmax cross-entropy [B] over the allowed (mask > 0) entries only."""
+  logits_BxN = jnp.where(mask_BxN > 0, logits_BxN.astype(jnp.float32), MASKED)
+  return optax.softmax_cross_entropy_with_integer_labels(logits_BxN, labels_B)
+
+
+def f1_scores(tp, fp, fn) -> tuple[float, float]:
+  """(micro, macro) F1 from per-class counts; macro averages the classes in the gold
+  labels or the predictions."""
+  tp, fp, fn = (np.asarray(x, np.float64) for x in (tp, fp, fn))
+  micro = 2 * tp.sum() / max(2 * tp.sum() + fp.sum() + fn.sum(), 1e-9)
+  f1 = 2 * tp / np.maximum(2 * tp + fp + fn, 1e-9)
+  present = (tp + fn + fp) > 0
+  return float(micro), float(f1[present].mean()) if present.any() else 0.0
+
+
+def loss_summary(sums: dict[str, Any]) -> dict[str, float]:
+  """loss and accuracy (and `dropped_predictions` when counted) from the shared sums."""
+  weight = max(float(sums["loss_weight"]), 1e-9)
+  out = {"loss": float(sums["loss_sum"]) / weight, "accuracy": float(sums["correct"]) / weight}
+  if "dropped" in sums:
+    out["dropped_predictions"] = float(sums["dropped"])
+  return out
+
+
+def pooled_vectors(predictor, args: tuple) -> np.ndarray:
+  """The pooled encoder vectors [N, D] of a run's model (its encoder params alone)."""
+  from jaxencoder.encoder import ENCODER, Encoder
+  params = predictor.params
+  out = Encoder(predictor.cfg).apply({"params": params.get(ENCODER, params)}, *args)
+  return np.asarray(out.pooled, np.float32)
+
+
+def text_shapes(rows: tuple[int, ...], config, keys=TEXT_ROWS) -> Shapes:
+  """Token arrays of `rows` shape; no token types for a model without their table."""
+  return {k: (rows, np.int32) for k in keys if k != "token_type_ids" or config.model.type_vocab_size}
+
+
+def per_example(batch: int, **dtypes) -> Shapes:
+  return {k: ((batch,), dtype) for k, dtype in dtypes.items()}
+
+
+def record_shapes(arrays: Shapes, batch: int, *, train: bool) -> Shapes:
+  """A text_records task's arrays with the weights every row has (and, in eval, its
+  `example_index`: data/pipeline.records_pipeline)."""
+  extra = {} if train else per_example(batch, example_index=np.int32)
+  return {**arrays, **per_example(batch, example_weights=np.float32), **extra}

