@@ -18,6 +18,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import tiny_config
+from jaxencoder.restore_targets import abstract_params, stored_encoder
 from jaxencoder import Encoder, EncoderForMaskedLM
 from jaxencoder.io.checkpoint import restore_params_only
 from jaxencoder.pooling import mean_pool
@@ -203,14 +204,14 @@ def test_convert_writes_an_init_from_checkpoint_and_back(tmp_path, scan_layers):
   save(tmp_path / "hf", cfg, params)
   convert(tmp_path / "hf", tmp_path / "jax", scan_layers=scan_layers)
   cfg_scan = cfg.replace(scan_layers=scan_layers)
-  abstract = run_dir.abstract_params(cfg_scan)["encoder"]
+  abstract = abstract_params(cfg_scan)["encoder"]
   restored = restore_params_only(tmp_path / "jax" / "checkpoints", abstract)
   expected = load(tmp_path / "hf", scan_layers=scan_layers)[1]
   chex.assert_trees_all_equal(jax.device_get(restored), jax.device_get(expected))
   stored = run_dir.RunDir.open(tmp_path / "jax")
   assert stored.model_config() == cfg_scan  # the architecture travels with the weights
   # Either layout restores into the other: init_from converts on load.
-  other = stored.restore_encoder(scan_layers=not scan_layers)
+  other = stored_encoder(stored, scan_layers=not scan_layers)
   expected_other = load(tmp_path / "hf", scan_layers=not scan_layers)[1]
   chex.assert_trees_all_equal(jax.device_get(other), jax.device_get(expected_other))
   convert(tmp_path / "jax", tmp_path / "hf2")
@@ -256,7 +257,7 @@ def test_train_py_fine_tunes_a_converted_minilm_without_model_flags(tmp_path):
   cfg = run.model_config()
   assert (cfg.num_layers, cfg.emb_dim, cfg.vocab_size, cfg.pooling) == (6, 384, 30522, "mean")
   # Frozen encoder: the fine-tuned run's encoder is MiniLM's, exactly.
-  chex.assert_trees_all_equal(jax.device_get(run.restore_encoder()), load(MINILM)[1])
+  chex.assert_trees_all_equal(jax.device_get(stored_encoder(run)), load(MINILM)[1])
 
 
 # ------------------------------------------------------------------ embed
@@ -368,7 +369,7 @@ def test_convert_cli_takes_a_train_py_run_to_hugging_face_and_back(tmp_path, mlm
   trained = run_dir.RunDir.open(mlm_run.workdir)
   assert cfg.num_layers == 3 and tokenizer.vocab_size == mlm_run.config.model.vocab_size
   assert set(params) == {"encoder", "mlm_head"}  # an MLM run becomes BertForMaskedLM
-  chex.assert_trees_all_equal(params["encoder"], jax.device_get(trained.restore_encoder()))
+  chex.assert_trees_all_equal(params["encoder"], jax.device_get(stored_encoder(trained)))
   main(["convert", "--from", str(tmp_path / "hf"), "--to", str(tmp_path / "back"),
         "--scan_layers"])
   assert f"--config.init_from={tmp_path / 'back'}" in capsys.readouterr().out

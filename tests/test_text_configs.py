@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
+from jaxencoder.restore_targets import stored_encoder
 from jaxencoder import Encoder
 from jaxencoder.data import builders, fetch, sources
 from jaxencoder.io.run_dir import RunDir
@@ -105,7 +106,7 @@ def test_init_from_a_hugging_face_dir_converts_it_once_into_data_dir(tmp_path):
   assert f"init_from: {tmp_path / 'hf'} -> {config.init_from}" in changes
   assert (config.model.num_layers, config.model.emb_dim) == (cfg.num_layers, cfg.emb_dim)
   run = RunDir.open(config.init_from)
-  chex.assert_trees_all_close(jax.device_get(run.restore_encoder()), params)
+  chex.assert_trees_all_close(jax.device_get(stored_encoder(run)), params)
   stamp = os.stat(run.path / CONVERTED_FROM).st_mtime_ns
   assert pretrained_run_dir(str(tmp_path / "hf"), tmp_path / "data") == config.init_from
   assert os.stat(run.path / CONVERTED_FROM).st_mtime_ns == stamp  # cached: not reconverted
@@ -116,7 +117,7 @@ def test_init_from_a_changed_hugging_face_dir_is_converted_again(tmp_path):
   first = pretrained_run_dir(str(tmp_path / "hf"), tmp_path / "data")
   _, params = _hf_dir(tmp_path / "hf", seed=1)
   assert pretrained_run_dir(str(tmp_path / "hf"), tmp_path / "data") == first
-  chex.assert_trees_all_close(jax.device_get(RunDir.open(first).restore_encoder()), params)
+  chex.assert_trees_all_close(jax.device_get(stored_encoder(RunDir.open(first))), params)
 
 
 def test_init_from_a_run_dir_is_left_as_is(tmp_path):
@@ -134,7 +135,7 @@ def test_fine_tuning_from_a_hugging_face_dir_starts_from_its_encoder(tmp_path):
   config.init_from, config.optim.freeze_encoder = str(tmp_path / "hf"), True
   config.num_train_steps = config.eval_every = config.checkpoint_every = 1
   train_and_evaluate(config, tmp_path / "run")
-  chex.assert_trees_all_equal(jax.device_get(RunDir.open(tmp_path / "run").restore_encoder()),
+  chex.assert_trees_all_equal(jax.device_get(stored_encoder(RunDir.open(tmp_path / "run"))),
                               params)
 
 

@@ -21,6 +21,7 @@ from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import ENCODER
 from jaxencoder.io.checkpoint import Checkpointer
 from jaxencoder.io.run_dir import RunDir
+from jaxencoder.pretrained.__main__ import restore_for_export
 from jaxencoder.train.loop import NonFiniteLossError, build_task, setup, train_and_evaluate
 from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.stop import EXIT_PREEMPTED
@@ -391,7 +392,7 @@ def test_test_split_is_scored_with_the_checkpoint_best_on_the_eval_split(tmp_pat
   metrics = train_and_evaluate(config, tmp_path / "run")
   (step, params), = tested
   assert step == 6
-  _, saved = RunDir(tmp_path / "run").restore_params(step=6)
+  _, saved = restore_for_export(RunDir(tmp_path / "run"), step=6)
   jax.tree.map(np.testing.assert_array_equal, params, jax.device_get(saved))
   assert metrics["accuracy"] == 0.1 and 0 <= metrics["test_accuracy"] <= 1
   rows = [r for r in read_metrics(tmp_path / "run") if r["split"] == "test"]

@@ -10,8 +10,9 @@
 train.py writes it (`RunDir.checkpointer`, `metrics_file`, `tensorboard_dir`); the
 converter creates one from a Hugging Face checkpoint (`write_encoder`); `init_from`,
 probing and the converter back to Hugging Face read it (`read_config`,
-`model_config`, `restore_encoder`, `restore_params`, `read_metrics`). A path may
-name the workdir or its `checkpoints/` folder.
+`model_config`, `restore_encoder`, `restore_subtree`, `read_metrics`). It stores and
+reads; it builds no model: the caller passes the restore target (jaxencoder/
+restore_targets.py). A path may name the workdir or its `checkpoints/` folder.
 """
 
 from __future__ import annotations
@@ -22,14 +23,11 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import ENCODER, Encoder, in_scanned_stack
-from jaxencoder.electra import Electra
-from jaxencoder.heads import EncoderForMaskedLM
+from jaxencoder.encoder import ENCODER, in_scanned_stack
 from jaxencoder.io.checkpoint import CONFIG, STATE, Checkpointer, restore_params_only
 from jaxencoder.io.paths import as_path
 from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
@@ -38,8 +36,6 @@ CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
-MLM_HEAD = "mlm_head"
-DISCRIMINATOR_HEAD = "discriminator_head"  # jaxencoder.electra.Electra's
 Params = Any
 
 
@@ -141,49 +137,31 @@ class RunDir:
       manager.close()
     return set(tree.get("params", {}))
 
-  def restore_encoder(self, abstract: Params | None = None, *, step: int | None = None,
-                      scan_layers: bool | None = None) -> Params:
-    """The Encoder params of `step` (default: latest).
-
-    `abstract`: target ShapeDtypeStructs with shardings (e.g. a train state's encoder
-    subtree, in either stack layout); default: the stored model's params on one
-    device. The saved layout (loop or scan) is converted to the target's, and a
-    param whose shape differs raises naming it and both shapes.
-    """
+  def restore_encoder(self, abstract: Params | None = None, *,
+                      step: int | None = None) -> Params:
+    """The Encoder params of `step` (default: latest) into `abstract`: target
+    ShapeDtypeStructs with shardings (restore_targets.encoder_params, or a train state's
+    encoder subtree), in either stack layout: the saved layout (loop or scan) is converted
+    to the target's, and a param whose shape differs raises naming it and both shapes."""
+    if abstract is None:
+      raise TypeError("RunDir.restore_encoder(abstract) restores into a target; "
+                      "jaxencoder.restore_targets.stored_encoder(run) gives the stored encoder")
     step = self._step(step)
-    return self._restore_encoder(step, self._model_config(step), abstract, scan_layers)
-
-  def _restore_encoder(self, step: int, stored: EncoderConfig, abstract: Params | None,
-                       scan_layers: bool | None) -> Params:
-    target_scanned = _is_scanned(abstract) if abstract is not None else (
-        stored.scan_layers if scan_layers is None else scan_layers)
-    if abstract is not None and target_scanned == stored.scan_layers:
-      saved = abstract  # restore straight into the caller's shardings
-    else:
-      saved = abstract_params(stored)[ENCODER]
+    stored_scanned = self._model_config(step).scan_layers
+    if _is_scanned(abstract) == stored_scanned:
+      return restore_params_only(self.checkpoint_dir, abstract, step=step)
+    to_stored = loop_to_scan if stored_scanned else scan_to_loop
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    saved = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                         jax.eval_shape(to_stored, abstract))
     params = restore_params_only(self.checkpoint_dir, saved, step=step)
-    if target_scanned != stored.scan_layers:
-      params = loop_to_scan(params) if target_scanned else scan_to_loop(params)
-      if abstract is not None:
-        params = jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), params, abstract)
-    return params
+    params = scan_to_loop(params) if stored_scanned else loop_to_scan(params)
+    return jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), params, abstract)
 
-  def restore_params(self, step: int | None = None) -> tuple[EncoderConfig, Params]:
-    """(cfg, params): Encoder params, or {"encoder", head} when a head its checkpoint family
-    can hold was saved: "mlm_head" (masked LM), or for family "electra"
-    "discriminator_head" (ElectraForPreTraining)."""
-    step = self._step(step)
-    cfg = self._model_config(step)
-    encoder = self._restore_encoder(step, cfg, None, None)
-    names = self._param_names(step)
-    heads = (MLM_HEAD, DISCRIMINATOR_HEAD) if cfg.family == "electra" else (MLM_HEAD,)
-    head_key = next((k for k in heads if k in names), None)
-    if head_key is None or cfg.input_kind != "text":
-      return cfg, encoder
-    model = Electra(cfg) if head_key == DISCRIMINATOR_HEAD else None
-    head = restore_params_only(self.checkpoint_dir, abstract_params(cfg, model)[head_key],
-                               subtree=("params", head_key), step=step)
-    return cfg, {ENCODER: encoder, head_key: head}
+  def restore_subtree(self, abstract: Params, name: str, *, step: int | None = None) -> Params:
+    """The params saved under `name` (e.g. a head: "mlm_head") into `abstract`."""
+    return restore_params_only(self.checkpoint_dir, abstract, subtree=("params", name),
+                               step=self._step(step))
 
   def tokenizer_path(self) -> epath.Path | str | None:
     """The run's tokenizer: files in the run directory, else the stored data.tokenizer."""
@@ -225,31 +203,6 @@ def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
   if not path.exists():
     return []
   return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def example_input(cfg: EncoderConfig) -> jax.Array:
-  """One zero input of cfg's kind: ids [1, 8], images [1, H, W, C] or series [1, 8, F]."""
-  if cfg.input_kind == "image":
-    return jnp.zeros((1, *cfg.image_size, cfg.num_channels), jnp.float32)
-  if cfg.input_kind == "series":
-    return jnp.zeros((1, 8, cfg.input_features), jnp.float32)
-  return jnp.zeros((1, 8), jnp.int32)
-
-
-def abstract_params(cfg: EncoderConfig, model: nn.Module | None = None,
-                    example: tuple | None = None) -> Params:
-  """Unboxed ShapeDtypeStructs (on the first device) of a model's params: restore targets.
-  Default model: EncoderForMaskedLM ({"encoder": ..., "mlm_head": ...}) for text, else
-  {"encoder": ...}; `example`: the model's init inputs (default: one input of cfg's kind)."""
-  example = (example_input(cfg),) if example is None else example
-  if model is None and cfg.input_kind != "text":
-    shapes = {ENCODER: jax.eval_shape(Encoder(cfg).init, jax.random.key(0), *example)["params"]}
-  else:
-    model = EncoderForMaskedLM(cfg) if model is None else model
-    shapes = jax.eval_shape(model.init, jax.random.key(0), *example)["params"]
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                      nn.meta.unbox(shapes))
 
 
 def _is_scanned(params: Params) -> bool:

@@ -76,13 +76,33 @@ def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict)
     return (f"wrote jaxencoder checkpoint {run.checkpoint_dir}; fine-tune with "
             f"--config.init_from={target} (its architecture and tokenizer come along)")
   run = RunDir.open(source)
-  cfg, params = run.restore_params()
+  cfg, params = restore_for_export(run)
   # A text run without its own tokenizer trained with the default (MiniLM's vocab).
   tokenizer_path = run.tokenizer_path() or (
       default_tokenizer_path() if cfg.input_kind == "text" else None)
   tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
   hf_checkpoint.save(target, cfg, params, tokenizer)
   return f"wrote Hugging Face {FAMILY_NAMES.get(cfg.family, cfg.family)} directory {target}"
+
+
+def restore_for_export(run: RunDir, step: int | None = None):
+  """(cfg, params) of a run's `step` (default: latest): Encoder params, or {"encoder",
+  head} when a head its checkpoint family can hold was saved: "mlm_head" (masked LM), or
+  for family "electra" "discriminator_head" (ElectraForPreTraining)."""
+  from jaxencoder.electra import Electra
+  from jaxencoder.encoder import ENCODER
+  from jaxencoder.pretrained.electra_names import DISCRIMINATOR_HEAD
+  from jaxencoder.restore_targets import abstract_params, encoder_params
+  step = run.latest_step() if step is None else step
+  cfg = run.model_config(step)
+  encoder = run.restore_encoder(encoder_params(cfg), step=step)
+  heads = ("mlm_head", DISCRIMINATOR_HEAD) if cfg.family == "electra" else ("mlm_head",)
+  head_key = next((k for k in heads if k in run.param_names(step)), None)
+  if head_key is None or cfg.input_kind != "text":
+    return cfg, encoder
+  model = Electra(cfg) if head_key == DISCRIMINATOR_HEAD else None
+  head = run.restore_subtree(abstract_params(cfg, model)[head_key], head_key, step=step)
+  return cfg, {ENCODER: encoder, head_key: head}
 
 
 def main(argv=None) -> None:

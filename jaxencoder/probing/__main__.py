@@ -44,8 +44,10 @@ def load_checkpoint(workdir, tokenizer_path: str | None = None, **resize):
   or a converted checkpoint; local or gs://); tokenizer None for image encoders.
   `resize`: max_len / image_size, as `pretrained.load`."""
   from jaxencoder.pretrained.hf_checkpoint import resize_on_load
+  from jaxencoder.restore_targets import encoder_params
   run = RunDir.open(workdir)
-  cfg, params = resize_on_load(run.model_config(), run.restore_encoder(), **resize)
+  stored = run.model_config()
+  cfg, params = resize_on_load(stored, run.restore_encoder(encoder_params(stored)), **resize)
   if cfg.input_kind == "image":
     return cfg, params, None
   vocab = tokenizer_path or run.tokenizer_path() or default_tokenizer_path()

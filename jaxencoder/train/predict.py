@@ -28,7 +28,8 @@ import numpy as np
 from jaxencoder import cli
 from jaxencoder.config import EncoderConfig
 from jaxencoder.io.checkpoint import restore_params_only
-from jaxencoder.io.run_dir import RunDir, abstract_params
+from jaxencoder.io.run_dir import RunDir
+from jaxencoder.restore_targets import abstract_params
 from jaxencoder.tasks import registry
 from jaxencoder.tasks.base import Family
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
