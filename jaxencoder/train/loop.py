@@ -295,13 +295,12 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
   start = int(run.state.step)
   startup = _log_startup(run, stepper, resumed=start > 0)
-  state = stepper.from_canonical(run.state)
   bar = tqdm.tqdm(total=config.num_train_steps, initial=start, dynamic_ncols=True,
                   disable=not config.progress_bar or jax.process_index() != 0)
   # A thread reads batches ahead; checkpoints record the position of the next unconsumed one.
   prefetched = run.train_iter = DevicePrefetch(run.train_iter, stepper.put)
   try:
-    eval_metrics = _steps(run, signals, stepper, state, eval_step, startup, bar, prefetched)
+    eval_metrics = _steps(run, signals, stepper, eval_step, startup, bar, prefetched)
   finally:
     prefetched.close()
   bar.close()
@@ -315,15 +314,16 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   return eval_metrics
 
 
-def _steps(run: Run, signals: StopSignals, stepper, state, eval_step, startup, bar,
+def _steps(run: Run, signals: StopSignals, stepper, eval_step, startup, bar,
            prefetched: DevicePrefetch) -> dict[str, float]:
-  """The train steps from run.state's step on; the last eval's metrics ({} if none)."""
+  """The train steps from run.state's step on; the last eval's metrics ({} if none).
+  The stepper holds the state while steps run; run.state takes it to log, eval, save."""
   config, start = run.config, int(run.state.step)
   eval_metrics: dict[str, float] = {}
   window, tick = [], time.perf_counter()
   for step in range(start, config.num_train_steps):
     host_batch, batch = next(prefetched)
-    state, sums = stepper.step(state, batch)
+    sums = stepper.step(batch)
     window.append(sums)
     bar.update(1)
     done = step + 1
@@ -333,7 +333,7 @@ def _steps(run: Run, signals: StopSignals, stepper, state, eval_step, startup, b
     eval_now = (done % config.eval_every == 0 or at_end) and not stop
     save_now = done % config.checkpoint_every == 0 or at_end or stop
     if log_now or eval_now or save_now:
-      run.state = stepper.canonical(state)
+      run.state = stepper.state
     if log_now:
       tick = _log_train(run, window, done, tick, host_batch, stepper.flops, bar,
                         prefetched.take_wait_seconds())
@@ -352,7 +352,7 @@ def _steps(run: Run, signals: StopSignals, stepper, state, eval_step, startup, b
       save(run, eval_metrics if eval_now and not stop else None, force=at_end or stop)
     if stop or signals.requested():
       if not save_now:  # a signal during logging or saving: save this step too
-        run.state = stepper.canonical(state)
+        run.state = stepper.state
         save(run, None, force=True)
       raise _stop(run, signals)
   return eval_metrics

@@ -1,9 +1,10 @@
 """How the loop runs steps: jit over a mesh (the default) or pmap (compatibility).
 
-Both take host batches and keep the checkpointed state in one canonical layout
-(the jit path's sharded TrainState), so checkpoints move freely between them. Both
-compile the step ahead of time, timing it: `trace_seconds` to lower (trace the model),
-`compile_seconds` in all.
+A stepper owns the train state while steps run: `step(batch)` advances it and returns
+the step's metric sums; `state` is it in the one layout the loop and checkpoints know
+(the jit path's sharded TrainState), so checkpoints move freely between the two. pmap's
+replicated layout never leaves PmapStepper. Both compile the step ahead of time, timing
+it: `trace_seconds` to lower (trace the model), `compile_seconds` in all.
 """
 
 from __future__ import annotations
@@ -39,18 +40,14 @@ class JitStepper:
     with steps.mesh_context(mesh, rules):
       self._step, self.trace_seconds, self.compile_seconds, self.flops = _compile(
           jitted, state, self.put(host_batch))
+    self.state = state
 
   def put(self, host_batch):
     return sharding_lib.put_batch(host_batch, self.mesh)
 
-  def step(self, state, batch):
-    return self._step(state, batch)
-
-  def canonical(self, state):
-    return state
-
-  def from_canonical(self, state):
-    return state
+  def step(self, batch):
+    self.state, sums = self._step(self.state, batch)
+    return sums
 
 
 class PmapStepper:
@@ -74,6 +71,9 @@ class PmapStepper:
     self._step, self.trace_seconds, self.compile_seconds, _ = _compile(
         jax.pmap(step, axis_name=self.AXIS, donate_argnums=0), replicas,
         self.put(host_batch), self._rngs)
+    host = jax.device_get(state)
+    self._replicas = jax.tree.map(
+        lambda x: np.broadcast_to(x, (self.devices,) + np.shape(x)), host)
 
   def put(self, host_batch):
     def split(x):
@@ -84,19 +84,17 @@ class PmapStepper:
       return x.reshape(self.devices, x.shape[0] // self.devices, *x.shape[1:])
     return {k: split(v) for k, v in host_batch.items()}
 
-  def step(self, state, batch):
-    state, sums = self._step(state, batch, self._rngs)
-    return state, jax.tree.map(lambda x: x[0], sums)  # identical on every device
+  def step(self, batch):
+    self._replicas, sums = self._step(self._replicas, batch, self._rngs)
+    return jax.tree.map(lambda x: x[0], sums)  # identical on every device
 
-  def canonical(self, state):
-    # Through the host: replicas are identical, and a device-side x[0] of every leaf is
-    # one dispatch per leaf (it aborted XLA:CPU once under a loaded 8-device test run).
-    host = jax.device_get(state)
+  @property
+  def state(self):
+    """Replica 0 as the sharded TrainState. Through the host: replicas are identical, and
+    a device-side x[0] of every leaf is one dispatch per leaf (it aborted XLA:CPU once
+    under a loaded 8-device test run)."""
+    host = jax.device_get(self._replicas)
     return jax.device_put(jax.tree.map(lambda x: x[0], host), self.shardings)
-
-  def from_canonical(self, state):
-    host = jax.device_get(state)
-    return jax.tree.map(lambda x: np.broadcast_to(x, (self.devices,) + np.shape(x)), host)
 
 
 def make_stepper(parallelism: str, task, tx, base_rng, shardings, mesh, rules, state,
