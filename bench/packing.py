@@ -31,6 +31,7 @@ from jaxencoder.train import optim  # noqa: E402
 from jaxencoder.train import steps  # noqa: E402
 from jaxencoder.tasks import registry  # noqa: E402
 from jaxencoder.data import pipeline  # noqa: E402
+from jaxencoder.data.pipeline import Reading
 from jaxencoder.data.__main__ import shakespeare_source  # noqa: E402
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path  # noqa: E402
 
@@ -40,7 +41,7 @@ KEYS = ("input_ids", "attention_mask", "token_type_ids", "segment_ids", "positio
 
 def batches(source, tok, mode, seq_len, batch_size, count):
   ds = pipeline.mlm_pipeline(source, tok, seq_len=seq_len, batch_size=batch_size, mode=mode,
-                             seed=0, num_epochs=None, shard_index=0, shard_count=1)
+                             read=Reading(seed=0, num_epochs=None, shard_index=0, shard_count=1))
   return [{k: jnp.asarray(b[k]) for k in KEYS} for b in itertools.islice(iter(ds), count)]
 
 

@@ -3,14 +3,17 @@ import pytest
 
 from data_helpers import sentences, tiny_tokenizer
 from jaxencoder.data import pipeline
+from jaxencoder.data.pipeline import Reading
 from jaxencoder.data.readers import DataError
 
 SEQ = 16
 
 
-def _mlm(source, **kw):
-  args = dict(seq_len=SEQ, batch_size=4, seed=3, shard_index=0, shard_count=1)
-  return pipeline.mlm_pipeline(source, tiny_tokenizer(), **{**args, **kw})
+def _mlm(source, *, mode="pad", batch_size=4, **reading):
+  """MLM batches of SEQ tokens; `reading`: Reading's fields over seed 3, one shard."""
+  read = Reading(**{**dict(seed=3, shard_index=0, shard_count=1), **reading})
+  return pipeline.mlm_pipeline(source, tiny_tokenizer(), seq_len=SEQ, batch_size=batch_size,
+                               mode=mode, read=read)
 
 
 @pytest.mark.parametrize("mode", ["pad", "pack"])
@@ -27,10 +30,10 @@ def test_mlm_batches_have_static_shapes_and_documented_keys(mode):
   assert real == int(lengths["attention_mask"].sum())  # nothing dropped, nothing duplicated
 
 
-def _origins(ds_kwargs, source):
+def _origins(reading, source):
   out = []
   for b in pipeline.classification_pipeline(source, tiny_tokenizer(), seq_len=SEQ,
-                                            batch_size=5, **ds_kwargs):
+                                            batch_size=5, read=Reading(**reading)):
     out += b["labels"][b["example_weights"] > 0].tolist()
   return out
 
@@ -83,8 +86,8 @@ def test_zero_length_text_raises_with_origin():
 def test_tagging_labels_sit_on_first_subwords():
   tok = tiny_tokenizer()
   source = [{"words": [b"cats", b"sat", b"flies"], "tags": np.array([1, 2, 3])}]
-  (b,) = list(pipeline.tagging_pipeline(source, tok, seq_len=10, batch_size=1, seed=None,
-                                        shard_index=0, shard_count=1))
+  (b,) = list(pipeline.tagging_pipeline(source, tok, seq_len=10, batch_size=1,
+                                        read=Reading(seed=None, shard_index=0, shard_count=1)))
   pieces = [tok.hf.id_to_token(int(i)) for i in b["input_ids"][0][:7]]
   assert pieces == ["[CLS]", "cat", "##s", "sat", "flies", "[SEP]", "[PAD]"]
   assert b["label_weights"][0].tolist()[:5] == [0, 1, 0, 1, 1]
@@ -95,8 +98,8 @@ def test_tagging_labels_sit_on_first_subwords():
 def test_image_pipeline_normalises_to_float_hwc():
   source = [{"image": np.full((2, 3), v, np.uint8), "label": i}
             for i, v in enumerate([0, 255, 51])]
-  (b,) = list(pipeline.image_pipeline(source, batch_size=4, seed=None, shard_index=0,
-                                      shard_count=1))
+  (b,) = list(pipeline.image_pipeline(source, batch_size=4,
+                                      read=Reading(seed=None, shard_index=0, shard_count=1)))
   assert b["images"].shape == (4, 2, 3, 1) and b["images"].dtype == np.float32
   assert b["images"][:3, 0, 0, 0].tolist() == pytest.approx([-1.0, 1.0, -0.6])
   assert b["example_weights"].tolist() == [1, 1, 1, 0]
@@ -104,12 +107,12 @@ def test_image_pipeline_normalises_to_float_hwc():
 
 def test_series_pipeline_pads_with_mask_and_rejects_too_long():
   source = [{"series": np.ones((3, 2), np.float32), "label": 1, "origin": b"a.ts:9"}]
-  (b,) = list(pipeline.series_pipeline(source, length=5, batch_size=1, seed=None,
-                                       shard_index=0, shard_count=1))
+  (b,) = list(pipeline.series_pipeline(source, length=5, batch_size=1,
+                                       read=Reading(seed=None, shard_index=0, shard_count=1)))
   assert b["inputs"].shape == (1, 5, 2) and b["attention_mask"].tolist() == [[1, 1, 1, 0, 0]]
   with pytest.raises(DataError, match=r"a.ts:9: series of 3 steps > length=2"):
-    list(pipeline.series_pipeline(source, length=2, batch_size=1, shard_index=0,
-                                  shard_count=1))
+    list(pipeline.series_pipeline(source, length=2, batch_size=1,
+                                  read=Reading(shard_index=0, shard_count=1)))
 
 
 def test_process_shards_hold_their_rows_of_the_same_global_batches():

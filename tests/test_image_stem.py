@@ -11,6 +11,7 @@ import pytest
 from jaxencoder import Encoder
 from jaxencoder.config import EncoderConfig
 from jaxencoder.data import pipeline
+from jaxencoder.data.pipeline import Reading
 from jaxencoder.embeddings import Embeddings
 from jaxencoder.data.readers import DataError
 from jaxencoder.pretrained import vit
@@ -76,16 +77,18 @@ def test_augmentation_flips_and_shifts_keep_pixels_and_labels():
   source = [{"image": images[i], "label": i} for i in range(2)]
   seen = set()
   for seed in range(60):  # 1 in 18 images is left as it is
-    batch = next(iter(pipeline.image_pipeline(source, batch_size=2, seed=seed, random_flip=True,
-                                              random_shift=1, shard_index=0, shard_count=1)))
+    batch = next(iter(pipeline.image_pipeline(source, batch_size=2,
+                                              random_flip=True, random_shift=1,
+                                              read=Reading(seed=seed, shard_index=0,
+                                                           shard_count=1))))
     for x, label in zip(batch["images"][..., 0], batch["labels"]):
       original = (images[label].astype(np.float32) / 255 - 0.5) / 0.5
       kept = set(np.round(x, 5).ravel()) - {-1.0}  # vacated pixels are black (0 -> -1)
       assert kept <= set(np.round(original, 5).ravel())  # only moved, never changed
       seen.add(bool(np.allclose(x, original)))
   assert seen == {True, False}  # some untouched, some augmented
-  plain = next(iter(pipeline.image_pipeline(source, batch_size=2, seed=0, shard_index=0,
-                                            shard_count=1)))
+  plain = next(iter(pipeline.image_pipeline(source, batch_size=2,
+                                            read=Reading(seed=0, shard_index=0, shard_count=1))))
   assert sorted(np.round(plain["images"][..., 0].sum(axis=(1, 2)), 3).tolist()) == sorted(
       np.round(((images.astype(np.float32) / 255 - 0.5) / 0.5).sum(axis=(1, 2)), 3).tolist())
 
@@ -116,9 +119,10 @@ def test_augmentation_depends_on_the_example_not_the_shard():
   source = [{"image": images[i], "label": i} for i in range(8)]
   def by_label(**shard):
     out = {}
-    for b in pipeline.image_pipeline(source, batch_size=2, seed=3, random_flip=True,
-                                     random_shift=1, **shard):
-      out.update({int(y): x for y, x, w in zip(b["labels"], b["images"], b["example_weights"]) if w})
+    for b in pipeline.image_pipeline(source, batch_size=2, random_flip=True, random_shift=1,
+                                     read=Reading(seed=3, **shard)):
+      out.update({int(y): x for y, x, w in zip(b["labels"], b["images"],
+                                               b["example_weights"]) if w})
     return out
   whole = by_label(shard_index=0, shard_count=1)
   halves = {**by_label(shard_index=0, shard_count=2), **by_label(shard_index=1, shard_count=2)}

@@ -10,6 +10,7 @@ import pytest
 
 from data_helpers import VOCAB, WORDS, tiny_tokenizer
 from jaxencoder.data import builders, mlm, pipeline, sources, token_ids
+from jaxencoder.data.pipeline import Reading
 from jaxencoder.data.readers import DataError
 from jaxencoder.tokenizer import Tokenizer
 from jaxencoder.train.datasets import Subset
@@ -103,12 +104,12 @@ def test_stored_ids_follow_a_held_out_view_of_the_split(tmp_path):
   view = Subset(source, np.arange(len(source))[::3])
   stored, record_index = token_ids.stored(view, tiny_tokenizer())
   np.testing.assert_array_equal(record_index, np.arange(len(source))[::3])
-  a = pipeline.mlm_pipeline(view, tiny_tokenizer(), seq_len=16, batch_size=8, seed=1,
-                            shard_index=0, shard_count=1)
+  a = pipeline.mlm_pipeline(view, tiny_tokenizer(), seq_len=16, batch_size=8,
+                            read=Reading(seed=1, shard_index=0, shard_count=1))
   plain = [{"text": ex["text"], "origin": ex["origin"]} for ex in
            pipeline.read_examples(source, list(range(0, len(source), 3)))]
-  b = pipeline.mlm_pipeline(plain, tiny_tokenizer(), seq_len=16, batch_size=8, seed=1,
-                            shard_index=0, shard_count=1)
+  b = pipeline.mlm_pipeline(plain, tiny_tokenizer(), seq_len=16, batch_size=8,
+                            read=Reading(seed=1, shard_index=0, shard_count=1))
   for x, y in zip(a, b, strict=True):  # stored ids and tokenising give the same batches
     for k in x:
       np.testing.assert_array_equal(x[k], y[k])
@@ -161,8 +162,8 @@ def test_workers_make_the_same_batches_and_resume_exactly(tmp_path, mode):
   source = _prepared(tmp_path, _vocab_file(tmp_path))
   def make(workers):
     return pipeline.mlm_pipeline(source, tiny_tokenizer(), seq_len=16, batch_size=4, mode=mode,
-                                 seed=2, num_epochs=None, shard_index=0, shard_count=1,
-                                 workers=workers)
+                                 read=Reading(seed=2, num_epochs=None, shard_index=0,
+                                              shard_count=1, workers=workers))
   alone = _batches(iter(make(0)), 12)
   it = iter(make(2))
   _assert_same(_batches(it, 5), alone[:5])

@@ -11,6 +11,7 @@ import train_helpers as th
 from conftest import random_ids, tiny_config
 from data_helpers import WORDS, tiny_tokenizer
 from jaxencoder.data import builders, pairs
+from jaxencoder.data.pipeline import Reading
 from jaxencoder.data.mlm import MaskSpec
 from jaxencoder.data.readers import DataError
 from jaxencoder.tasks import registry
@@ -82,7 +83,8 @@ def test_pair_rows_are_cls_a_sep_b_sep_with_token_types_and_masks():
   spec = MaskSpec(tok.vocab_size, tok.mask_id, tuple(int(i) for i in tok.special_ids), rate=0.3)
   source = [{"text": " ".join(WORDS[i:i + 3]).encode(), "origin": f"f.txt:{i}".encode()}
             for i in range(10)]
-  ds = pairs.pair_pipeline(source, tok, "sop", seq_len=16, batch_size=4, mask=spec, seed=0)
+  ds = pairs.pair_pipeline(source, tok, "sop", seq_len=16, batch_size=4, mask=spec,
+                           read=Reading(seed=0))
   batches = list(ds)
   assert [len(b["pair_labels"]) for b in batches] == [4, 4, 4]  # 9 pairs, last batch filled
   np.testing.assert_array_equal(batches[-1]["example_weights"], [1, 0, 0, 0])

@@ -7,12 +7,14 @@ import numpy as np
 
 from data_helpers import sentences, tiny_tokenizer
 from jaxencoder.data import shuffled_words
+from jaxencoder.data.pipeline import Reading
 
 
-def rows(n: int = 40, **kw):
+def rows(n: int = 40, seed: int = 0, **kw):
   source = sentences(n)
-  ds = shuffled_words.shuffled_words_pipeline(source, tiny_tokenizer(), seq_len=16,
-                                              batch_size=n, shard_index=0, shard_count=1, **kw)
+  ds = shuffled_words.shuffled_words_pipeline(
+      source, tiny_tokenizer(), seq_len=16, batch_size=n,
+      read=Reading(seed=seed, shard_index=0, shard_count=1), **kw)
   return next(iter(ds)), source
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from data_helpers import VOCAB, WORDS, tiny_tokenizer
 from jaxencoder.data import builders, pipeline, sources, span_views
+from jaxencoder.data.pipeline import Reading
 from jaxencoder.data.readers import as_text
 
 
@@ -27,8 +28,8 @@ def _source(tmp_path, tokenizer_file=None):
 
 def _rows(source, tok, seq_len):
   """(input_ids, attention_mask) [2, L] of every text, in source order."""
-  batches = span_views.halves_pipeline(source, tok, seq_len=seq_len, batch_size=8, seed=None,
-                                       shard_index=0, shard_count=1)
+  batches = span_views.halves_pipeline(source, tok, seq_len=seq_len, batch_size=8,
+                                       read=Reading(seed=None, shard_index=0, shard_count=1))
   return [(b["input_ids"][r], b["attention_mask"][r]) for b in batches for r in range(8)
           if b["example_weights"][r]]
 
@@ -73,7 +74,8 @@ def test_views_follow_the_shard_not_the_process_count(tmp_path):
   tok = tiny_tokenizer()
   def rows(**shard):
     out = []
-    for b in span_views.halves_pipeline(source, tok, seq_len=10, batch_size=4, seed=1, **shard):
+    for b in span_views.halves_pipeline(source, tok, seq_len=10, batch_size=4,
+                                        read=Reading(seed=1, **shard)):
       out += [tuple(b["input_ids"][r].ravel()) for r in range(4) if b["example_weights"][r]]
     return out
   whole = rows(shard_index=0, shard_count=1)

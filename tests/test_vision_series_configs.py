@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxencoder.data import fetch as fetch_lib
+from jaxencoder.data.pipeline import Reading
 from jaxencoder.data import pipeline, sources
 from jaxencoder.data.readers import DataError
 from jaxencoder.train.datasets import resolve_source
@@ -71,7 +72,8 @@ def test_an_unknown_ucr_set_is_one_line_naming_the_available_ones(tmp_path, down
 def test_multichannel_series_batches_keep_every_channel(tmp_path, downloads):
   path = resolve_source(_data_cfg("ucr/Tiny", tmp_path))
   batch = next(iter(pipeline.series_pipeline(sources.open_source(path, "train"), length=4,
-                                             batch_size=2, shard_index=0, shard_count=1)))
+                                             batch_size=2,
+                                             read=Reading(shard_index=0, shard_count=1))))
   assert batch["inputs"].shape == (2, 4, 2)
   np.testing.assert_array_equal(batch["attention_mask"].sum(1), [3, 3])
 
@@ -104,9 +106,9 @@ def test_series_augmentation_shifts_inside_the_mask_and_scales():
   source = [{"series": np.arange(1, 7, dtype=np.float32)[:, None], "label": 0}]
   seen_shifts, seen_scales = set(), set()
   for seed in range(30):
-    (b,) = list(pipeline.series_pipeline(source, length=8, batch_size=1, seed=seed,
-                                         shard_index=0, shard_count=1, random_shift=2,
-                                         random_scale=0.5))
+    (b,) = list(pipeline.series_pipeline(source, length=8, batch_size=1,
+                                         random_shift=2, random_scale=0.5,
+                                         read=Reading(seed=seed, shard_index=0, shard_count=1)))
     x, mask = b["inputs"][0, :, 0], b["attention_mask"][0]
     kept = x[mask > 0]
     assert (x[mask == 0] == 0).all()
@@ -117,6 +119,6 @@ def test_series_augmentation_shifts_inside_the_mask_and_scales():
     seen_shifts.add(first - int(round(kept[0] / factor)) + 1)
     seen_scales.add(round(float(factor), 3))
   assert seen_shifts == {-2, -1, 0, 1, 2} and len(seen_scales) > 10
-  (plain,) = list(pipeline.series_pipeline(source, length=8, batch_size=1, seed=0,
-                                           shard_index=0, shard_count=1))
+  (plain,) = list(pipeline.series_pipeline(source, length=8, batch_size=1,
+                                           read=Reading(seed=0, shard_index=0, shard_count=1)))
   assert plain["inputs"][0, :, 0].tolist() == [1, 2, 3, 4, 5, 6, 0, 0]

@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxencoder.data import mlm as mlm_lib
 from jaxencoder.data import packing, pipeline
+from jaxencoder.data.pipeline import Reading
 from jaxencoder.data.readers import DataError, as_text
 
 OBJECTIVES = ("nsp", "sop")
@@ -90,10 +91,7 @@ def pair_word_ids(word_ids_L: np.ndarray, token_type_ids_L: np.ndarray) -> np.nd
 
 
 def pair_pipeline(source, tokenizer, objective: str, *, seq_len: int, batch_size: int,
-                  mask: mlm_lib.MaskSpec, seed: int = 0, num_epochs: int | None = 1,
-                  shard_index: int | None = None, shard_count: int | None = None,
-                  drop_remainder: bool = False, num_threads: int = 0,
-                  workers: int = 0) -> grain.IterDataset:
+                  mask: mlm_lib.MaskSpec, read: Reading = Reading()) -> grain.IterDataset:
   """Masked sentence-pair batches (padded; see the module docstring) from a text corpus."""
   maker = PairMaker(source, objective)
   tokenize = pipeline.tokenize_fn(tokenizer, seq_len, "text", "text_b")
@@ -106,7 +104,6 @@ def pair_pipeline(source, tokenizer, objective: str, *, seq_len: int, batch_size
                                  pipeline.MLM_KEYS, tokenizer.pad_id)
     return {**padded, "pair_labels": ex["pair_labels"], "example_weights": np.float32(1.0)}
 
-  ds = pipeline.examples(np.arange(len(maker)), seed=seed, num_epochs=num_epochs)
-  return pipeline.batches(ds.random_map(row, seed=seed), batch_size, drop_remainder,
-                          num_threads, shard_index, shard_count, workers)
+  ds = pipeline.examples(np.arange(len(maker)), seed=read.seed, num_epochs=read.num_epochs)
+  return pipeline.batches(ds.random_map(row, seed=read.seed), batch_size, read)
 

@@ -39,6 +39,7 @@ Packing is the one stateful step: it runs after the workers, in the caller.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import grain
@@ -51,6 +52,18 @@ from jaxencoder.data.readers import DataError, as_text, check_not_empty
 
 TEXT_KEYS = ("input_ids", "token_type_ids")
 MLM_KEYS = ("input_ids", "token_type_ids", "mlm_labels", "mlm_weights")
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+  """How any pipeline reads its source, whatever the data kind."""
+  seed: int | None = 0  # shuffle (and augmentation / masking draws); None: keep order
+  num_epochs: int | None = 1  # None: endless
+  shard_index: int | None = None  # this process's shard; None: jax.process_index()
+  shard_count: int | None = None  # None: jax.process_count()
+  drop_remainder: bool = False  # drop a final partial batch (else: filled with zero rows)
+  num_threads: int = 0  # grain read threads (0: read in the caller)
+  workers: int = 0  # grain processes making the batches (0: in the caller)
 
 
 def _shard(shard_index, shard_count) -> tuple[int, int]:
@@ -143,12 +156,12 @@ def in_workers(batches: grain.MapDataset, num_threads: int = 0,
   return it
 
 
-def batches(ds: grain.MapDataset, batch_size, drop_remainder, num_threads,
-            shard_index=None, shard_count=None, workers: int = 0) -> grain.IterDataset:
-  """Per-example `ds` → this process's batches, made in `workers` processes."""
-  ds = shard(ds, batch_size, shard_index, shard_count)
-  batched = ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=stack_fill(batch_size))
-  return in_workers(batched, num_threads, workers)
+def batches(ds: grain.MapDataset, batch_size: int, read: Reading) -> grain.IterDataset:
+  """Per-example `ds` → this process's batches, made in `read.workers` processes."""
+  ds = shard(ds, batch_size, read.shard_index, read.shard_count)
+  batched = ds.batch(batch_size, drop_remainder=read.drop_remainder,
+                     batch_fn=stack_fill(batch_size))
+  return in_workers(batched, read.num_threads, read.workers)
 
 
 def _batch(ds: grain.IterDataset, batch_size: int, drop_remainder: bool) -> grain.IterDataset:
@@ -205,18 +218,15 @@ def read_examples(source, indices) -> list:
 
 
 def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str = "pad",
-                 mask: mlm_lib.MaskSpec | None = None, seed: int = 0,
-                 num_epochs: int | None = 1, shard_index: int | None = None,
-                 shard_count: int | None = None, pack_examples: int | None = None,
-                 drop_remainder: bool = False, num_threads: int = 0,
-                 text_key: str = "text", workers: int = 0,
-                 use_stored_ids: bool = True) -> grain.IterDataset:
+                 mask: mlm_lib.MaskSpec | None = None, pack_examples: int | None = None,
+                 text_key: str = "text", use_stored_ids: bool = True,
+                 read: Reading = Reading()) -> grain.IterDataset:
   """Masked-LM batches from a text source; `mode` "pad" or "pack" (segment_ids, positions).
 
   Whole chunks of examples are read, tokenised (or their stored ids taken: `token_ids`),
   masked (`mlm.mask_batch`, draws keyed by each example's global index) and padded, or
   packed (`packing.pack_rows`, `pack_examples` sequences at a time, default 4 x
-  batch_size), with numpy, in `workers` processes. `mask` defaults to BERT's 15% /
+  batch_size), with numpy, in `read.workers` processes. `mask` defaults to BERT's 15% /
   80-10-10 over the tokenizer's vocab; pass `MaskSpec(..., rate=0.0)` for plain tokens.
   `use_stored_ids=False` tokenises even where the source stores ids.
   """
@@ -224,7 +234,7 @@ def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str 
     raise ValueError(f"mode must be 'pad' or 'pack', got {mode!r}")
   mask = mask or default_mask(tokenizer)
   stored = token_ids.stored(source, tokenizer) if use_stored_ids else None
-  order = examples(np.arange(len(source)), seed=seed, num_epochs=num_epochs)
+  order = examples(np.arange(len(source)), seed=read.seed, num_epochs=read.num_epochs)
   pad_id = tokenizer.pad_id
   chunk_rows = batch_size if mode == "pad" else (pack_examples or 4 * batch_size)
 
@@ -238,7 +248,7 @@ def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str 
     else:
       ids_NxL, words_NxL, lengths_N = token_ids.encode_rows(
           read_examples(source, index_N.tolist()), tokenizer, seq_len, text_key)
-    draws = mlm_lib.counter_uniforms(seed or 0, e_R[real_R], seq_len)
+    draws = mlm_lib.counter_uniforms(read.seed or 0, e_R[real_R], seq_len)
     out = mlm_lib.mask_batch(ids_NxL, mask, draws, words_NxL)
     if mode == "pad":
       return _padded_rows(out, lengths_N, real_R, seq_len)
@@ -248,13 +258,14 @@ def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str 
     packed["token_type_ids"] = np.zeros_like(packed["input_ids"])
     return packed  # [R, L] arrays: a few large ones cross from a worker cheaply
 
-  chunks = chunk_indices(len(order), chunk_rows, drop_remainder=drop_remainder and mode == "pad",
-                         shard_index=shard_index, shard_count=shard_count).map(chunk)
-  it = in_workers(chunks, num_threads, workers)
+  chunks = chunk_indices(len(order), chunk_rows,
+                         drop_remainder=read.drop_remainder and mode == "pad",
+                         shard_index=read.shard_index, shard_count=read.shard_count).map(chunk)
+  it = in_workers(chunks, read.num_threads, read.workers)
   if mode == "pad":
     return it
   rows = grain_exp.FlatMapIterDataset(it, _Unchunk(max_fan_out=chunk_rows))
-  return _batch(rows, batch_size, drop_remainder)
+  return _batch(rows, batch_size, read.drop_remainder)
 
 
 class _Unchunk(grain_exp.FlatMapTransform):
@@ -283,13 +294,11 @@ def _padded_rows(masked: dict, lengths_N, real_R, seq_len: int) -> dict:
 
 
 def classification_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
-                            seed: int | None = 0, num_epochs: int | None = 1,
-                            shard_index=None, shard_count=None, drop_remainder: bool = False,
-                            num_threads: int = 0, text_key: str = "text",
-                            text_b_key: str | None = "text_b",
-                            label_key: str = "label", workers: int = 0) -> grain.IterDataset:
+                            text_key: str = "text", text_b_key: str | None = "text_b",
+                            label_key: str = "label",
+                            read: Reading = Reading()) -> grain.IterDataset:
   """Sequence(-pair) classification: padded token batches plus `labels` [B]."""
-  ds = examples(source, seed=seed, num_epochs=num_epochs)
+  ds = examples(source, seed=read.seed, num_epochs=read.num_epochs)
   tok = tokenize_fn(tokenizer, seq_len, text_key, text_b_key)
 
   def features(ex):
@@ -298,8 +307,7 @@ def classification_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
     return {**{k: row[k] for k in packing_keys()}, "labels": np.int32(ex[label_key]),
             "example_weights": np.float32(1.0)}
 
-  return batches(ds.map(features), batch_size, drop_remainder, num_threads,
-                 shard_index, shard_count, workers)
+  return batches(ds.map(features), batch_size, read)
 
 
 def packing_keys() -> tuple[str, ...]:
@@ -317,14 +325,12 @@ def align_word_labels(first_subword_W: np.ndarray, tags_W: np.ndarray, length: i
 
 
 def tagging_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
-                     seed: int | None = 0, num_epochs: int | None = 1, shard_index=None,
-                     shard_count=None, drop_remainder: bool = False,
-                     num_threads: int = 0, workers: int = 0) -> grain.IterDataset:
+                     read: Reading = Reading()) -> grain.IterDataset:
   """Word-level tagging (`words`, `tags`): labels on first sub-words, weight 0 elsewhere.
 
   Words cut off by truncation to `seq_len` get no label (weight 0).
   """
-  ds = examples(source, seed=seed, num_epochs=num_epochs)
+  ds = examples(source, seed=read.seed, num_epochs=read.num_epochs)
 
   def features(ex):
     words = [as_text(w) for w in ex["words"]]
@@ -336,35 +342,29 @@ def tagging_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
     return {**{k: row[k] for k in packing_keys()}, "labels": labels_L,
             "label_weights": weights_L}
 
-  return batches(ds.map(features), batch_size, drop_remainder, num_threads,
-                 shard_index, shard_count, workers)
+  return batches(ds.map(features), batch_size, read)
 
 
 def records_pipeline(source, features, *, batch_size: int, index_examples: bool = False,
-                     seed: int | None = 0, num_epochs: int | None = 1, shard_index=None,
-                     shard_count=None, drop_remainder: bool = False,
-                     num_threads: int = 0, workers: int = 0) -> grain.IterDataset:
+                     read: Reading = Reading()) -> grain.IterDataset:
   """text_records batches of `features(example)` (a task's record features:
   jaxencoder/tasks/); `index_examples` adds `example_index` [B], each row's place in
   `source`."""
   ds = grain.MapDataset.source(source)
   if index_examples:
     ds = ds.map_with_index(lambda i, ex: {**ex, "example_index": i})
-  if seed is not None:
-    ds = ds.shuffle(seed=seed)
-  ds = ds.repeat(num_epochs).map(features)
-  return batches(ds, batch_size, drop_remainder, num_threads, shard_index,
-                 shard_count, workers)
+  if read.seed is not None:
+    ds = ds.shuffle(seed=read.seed)
+  ds = ds.repeat(read.num_epochs).map(features)
+  return batches(ds, batch_size, read)
 
 
 IMAGES_IN_MEMORY = 1 << 30  # bytes of uint8 pixels
 
 
 def image_pipeline(source, *, batch_size: int, mean: float = 0.5, std: float = 0.5,
-                   seed: int | None = 0, num_epochs: int | None = 1, shard_index=None,
-                   shard_count=None, drop_remainder: bool = False,
-                   num_threads: int = 0, workers: int = 0, random_flip: bool = False,
-                   random_shift: int = 0) -> grain.IterDataset:
+                   random_flip: bool = False, random_shift: int = 0,
+                   read: Reading = Reading()) -> grain.IterDataset:
   """uint8 `image` [H, W(, C)] → `images` float32 [B, H, W, C] = (x/255 - mean) / std.
 
   A split of at most IMAGES_IN_MEMORY bytes of pixels (Fashion-MNIST's 60k: 47 MB) is
@@ -375,14 +375,14 @@ def image_pipeline(source, *, batch_size: int, mean: float = 0.5, std: float = 0
   each example's global index (`mlm.counter_uniforms`), so batches do not depend on the
   worker or process count.
   """
-  order = examples(np.arange(len(source)), seed=seed, num_epochs=num_epochs)
+  order = examples(np.arange(len(source)), seed=read.seed, num_epochs=read.num_epochs)
   held = {}  # "split": (images [N, H, W(, C)] uint8, labels [N]) if it fits, else None
 
   def stack(rows):
     return (np.stack([np.asarray(r["image"]) for r in rows]),
             np.array([r["label"] for r in rows], np.int32))
 
-  def read(index_N):
+  def read_pixels(index_N):
     if "split" not in held:  # decided once, on the first batch
       fits = len(source) * np.asarray(source[0]["image"]).nbytes <= IMAGES_IN_MEMORY
       held["split"] = stack([r for i in range(0, len(source), 4096) for r in read_examples(
@@ -394,22 +394,22 @@ def image_pipeline(source, *, batch_size: int, mean: float = 0.5, std: float = 0
 
   def chunk(e_R):
     real_R = e_R >= 0
-    pixels_N, labels_N = read(np.array([order[int(e)] for e in e_R[real_R]], np.int64))
+    pixels_N, labels_N = read_pixels(np.array([order[int(e)] for e in e_R[real_R]], np.int64))
     x_NxHxWxC = pixels_N.astype(np.float32) / 255.0
     if x_NxHxWxC.ndim == 3:
       x_NxHxWxC = x_NxHxWxC[..., None]
     if random_flip or random_shift:
-      x_NxHxWxC = augment_images(x_NxHxWxC, mlm_lib.counter_uniforms(seed or 0, e_R[real_R], 3),
-                                 random_flip, random_shift)
+      draws = mlm_lib.counter_uniforms(read.seed or 0, e_R[real_R], 3)
+      x_NxHxWxC = augment_images(x_NxHxWxC, draws, random_flip, random_shift)
     images = np.zeros((len(e_R),) + x_NxHxWxC.shape[1:], np.float32)
     images[real_R] = (x_NxHxWxC - mean) / std
     labels = np.zeros(len(e_R), np.int32)
     labels[real_R] = labels_N
     return {"images": images, "labels": labels, "example_weights": real_R.astype(np.float32)}
 
-  return in_workers(chunk_indices(len(order), batch_size, drop_remainder=drop_remainder,
-                                  shard_index=shard_index, shard_count=shard_count).map(chunk),
-                    num_threads, workers)
+  chunks = chunk_indices(len(order), batch_size, drop_remainder=read.drop_remainder,
+                         shard_index=read.shard_index, shard_count=read.shard_count)
+  return in_workers(chunks.map(chunk), read.num_threads, read.workers)
 
 
 def augment_images(x_NxHxWxC: np.ndarray, uniforms: mlm_lib.Uniforms, flip: bool,
@@ -431,16 +431,14 @@ def augment_images(x_NxHxWxC: np.ndarray, uniforms: mlm_lib.Uniforms, flip: bool
   return out
 
 
-def series_pipeline(source, *, length: int, batch_size: int, seed: int | None = 0,
-                    num_epochs: int | None = 1, shard_index=None, shard_count=None,
-                    drop_remainder: bool = False, num_threads: int = 0, workers: int = 0,
-                    random_shift: int = 0, random_scale: float = 0.0) -> grain.IterDataset:
+def series_pipeline(source, *, length: int, batch_size: int, random_shift: int = 0,
+                    random_scale: float = 0.0, read: Reading = Reading()) -> grain.IterDataset:
   """`series` [L_i, F] → `inputs` [length, F] (missing values → 0, masked) + mask.
 
   Augmentation (train): `random_shift` moves each series by up to that many steps
   (vacated steps are masked out, steps moved past the end dropped); `random_scale`
   multiplies it by a factor in [1 - s, 1 + s]."""
-  ds = examples(source, seed=seed, num_epochs=num_epochs)
+  ds = examples(source, seed=read.seed, num_epochs=read.num_epochs)
 
   def features(ex, rng=None):
     s_LxF = np.asarray(ex["series"], np.float32)
@@ -456,9 +454,9 @@ def series_pipeline(source, *, length: int, batch_size: int, seed: int | None = 
     return {"inputs": x_LxF, "attention_mask": mask_L, "labels": np.int32(ex["label"]),
             "example_weights": np.float32(1.0)}
 
-  ds = (ds.random_map(features, seed=seed or 0) if random_shift or random_scale
+  ds = (ds.random_map(features, seed=read.seed or 0) if random_shift or random_scale
         else ds.map(features))
-  return batches(ds, batch_size, drop_remainder, num_threads, shard_index, shard_count, workers)
+  return batches(ds, batch_size, read)
 
 
 def augment_series(x_LxF: np.ndarray, mask_L: np.ndarray, rng: np.random.Generator,

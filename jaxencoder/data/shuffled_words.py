@@ -21,6 +21,7 @@ import grain
 import numpy as np
 
 from jaxencoder.data import packing, pipeline
+from jaxencoder.data.pipeline import Reading
 from jaxencoder.data.readers import as_text
 
 SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
@@ -60,10 +61,8 @@ def example(text: str, rng: np.random.Generator, tokenizer, *, seq_len: int, min
 
 
 def shuffled_words_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
-                            min_words: int = 3, max_words: int = 10, seed: int = 0,
-                            num_epochs: int | None = 1, shard_index: int | None = None,
-                            shard_count: int | None = None, drop_remainder: bool = False,
-                            num_threads: int = 0, workers: int = 0) -> grain.IterDataset:
+                            min_words: int = 3, max_words: int = 10,
+                            read: Reading = Reading()) -> grain.IterDataset:
   """Batches of shuffled-sentence rows (module docstring) from a text source: a fresh
   sentence and order per document and epoch, the same for the same seed."""
   if not 1 <= min_words <= max_words:
@@ -74,6 +73,5 @@ def shuffled_words_pipeline(source, tokenizer, *, seq_len: int, batch_size: int,
     return example(text, rng, tokenizer, seq_len=seq_len,
                    min_words=min_words, max_words=max_words)
 
-  ds = pipeline.examples(source, seed=seed, num_epochs=num_epochs)
-  return pipeline.batches(ds.random_map(row, seed=seed), batch_size, drop_remainder,
-                          num_threads, shard_index, shard_count, workers)
+  ds = pipeline.examples(source, seed=read.seed, num_epochs=read.num_epochs)
+  return pipeline.batches(ds.random_map(row, seed=read.seed), batch_size, read)

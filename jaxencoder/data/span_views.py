@@ -15,6 +15,7 @@ import grain
 import numpy as np
 
 from jaxencoder.data import pipeline, token_ids
+from jaxencoder.data.pipeline import Reading
 
 
 def split_point(words_N: np.ndarray) -> int:
@@ -46,13 +47,11 @@ def halves(ids_NxT: np.ndarray, words_NxT: np.ndarray, lengths_N: np.ndarray, se
   return ids_Nx2xL, mask_Nx2xL
 
 
-def halves_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, seed: int | None = 0,
-                    num_epochs: int | None = 1, shard_index=None, shard_count=None,
-                    drop_remainder: bool = False, num_threads: int = 0, workers: int = 0,
-                    text_key: str = "text") -> grain.IterDataset:
+def halves_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, text_key: str = "text",
+                    read: Reading = Reading()) -> grain.IterDataset:
   """Batches of (first half, second half) pairs of `source`'s texts, [B, 2, seq_len]."""
   stored = token_ids.stored(source, tokenizer)
-  order = pipeline.examples(np.arange(len(source)), seed=seed, num_epochs=num_epochs)
+  order = pipeline.examples(np.arange(len(source)), seed=read.seed, num_epochs=read.num_epochs)
   read_len = 2 * seq_len  # room for two halves of seq_len - 2 tokens each
 
   def chunk(e_R):
@@ -76,6 +75,7 @@ def halves_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, seed: i
     out["example_weights"] = real_R.astype(np.float32)
     return out
 
-  chunks = pipeline.chunk_indices(len(order), batch_size, drop_remainder=drop_remainder,
-                                  shard_index=shard_index, shard_count=shard_count).map(chunk)
-  return pipeline.in_workers(chunks, num_threads, workers)
+  chunks = pipeline.chunk_indices(len(order), batch_size, drop_remainder=read.drop_remainder,
+                                  shard_index=read.shard_index,
+                                  shard_count=read.shard_count).map(chunk)
+  return pipeline.in_workers(chunks, read.num_threads, read.workers)

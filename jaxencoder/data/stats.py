@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxencoder.data import pipeline
+from jaxencoder.data.pipeline import Reading
 from jaxencoder.data.readers import as_text
 
 PERCENTILES = (50, 90, 95, 99, 100)
@@ -25,8 +26,8 @@ def batch_efficiency(source, tokenizer, *, seq_len: int, batch_size: int, mode: 
   """One epoch through the real pipeline: batches, rows, real tokens / all slots."""
   no_mask = pipeline.default_mask(tokenizer, rate=0.0)
   ds = pipeline.mlm_pipeline(source, tokenizer, seq_len=seq_len, batch_size=batch_size,
-                             mode=mode, mask=no_mask, seed=0, num_epochs=1, shard_index=0,
-                             shard_count=1, pack_examples=pack_examples)
+                             mode=mode, mask=no_mask, pack_examples=pack_examples,
+                             read=Reading(seed=0, num_epochs=1, shard_index=0, shard_count=1))
   real = slots = batches = 0
   for batch in ds:
     real += int(batch["attention_mask"].sum())

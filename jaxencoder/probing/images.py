@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxencoder.config import EncoderConfig
 from jaxencoder.data import pipeline, sources
+from jaxencoder.data.pipeline import Reading
 from jaxencoder.encoder import Encoder
 from jaxencoder.probing import attention_stats, store
 from jaxencoder.probing.features import Features
@@ -162,9 +163,9 @@ def extract(cfg: EncoderConfig, params, dataset: ImageDataset, *,
   norm = norm or training_normalisation()
   labels_M, names = _label_ids(dataset.labels)
   rows = [{"image": image, "label": label} for image, label in zip(dataset.images, labels_M)]
-  batches = pipeline.image_pipeline(rows, batch_size=batch_size, seed=None,
+  batches = pipeline.image_pipeline(rows, batch_size=batch_size,
                                     mean=np.asarray(norm.mean, np.float32),
-                                    std=np.asarray(norm.std, np.float32))
+                                    std=np.asarray(norm.std, np.float32), read=Reading(seed=None))
   extractor = ImageExtractor(cfg, params, pool=pool, attention=attention,
                              sparsity_threshold=sparsity_threshold)
   layers = store.allocate(cfg.num_layers + 1, len(dataset), cfg.emb_dim, out_dir)

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.data.pipeline import Reading
 
 INPUT_KEYS = {"text": "input_ids", "image": "images", "series": "inputs"}
 MODEL_KWARGS = ("attention_mask", "token_type_ids", "segment_ids", "positions")
@@ -58,6 +59,8 @@ class Family:
   # Top-level training-config keys this family reads, with their defaults (a dict value
   # becomes a sub-config); train/config.base_config takes them from every family.
   options: dict[str, Any] = {}
+  # Options that mean nothing to another family's tasks: set there, they are an error.
+  exclusive: tuple[str, ...] = ()
   minimized: tuple[str, ...] = ()  # metrics beside `loss` where lower is better
   # text_records columns each task needs (a task absent here does not read text_records).
   record_columns: dict[str, tuple[str, ...]] = {}
@@ -91,10 +94,10 @@ class Family:
     """'min' for `loss` and the family's `minimized` metrics, 'max' for the rest."""
     return "min" if metric in ("loss", "dropped_predictions", *self.minimized) else "max"
 
-  def pipeline(self, name: str, config, source, tokenizer, *, train: bool,
-               kind_pipeline: Callable[[], Any], **kw):
-    """The input pipeline; by default the data kind's (`kind_pipeline()`). `kw`: batch
-    size, epochs, seed, threads and workers (data/pipeline.py's arguments)."""
+  def pipeline(self, name: str, config, source, tokenizer, *, train: bool, batch_size: int,
+               read: Reading, kind_pipeline: Callable[[], Any]):
+    """The input pipeline of `batch_size` rows read as `read` says; by default the data
+    kind's (`kind_pipeline()`)."""
     return kind_pipeline()
 
   def stores_token_ids(self, name: str, config) -> bool:

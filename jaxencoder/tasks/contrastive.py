@@ -9,6 +9,7 @@ with a hard negative), or [L] for a text alone (SimCSE).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -112,11 +113,13 @@ class Contrastive(Family):
                   for k, v in sums.items() if k.startswith("hits_at_")})
     return out
 
-  def pipeline(self, name, config, source, tokenizer, *, train, kind_pipeline, **kw):
+  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read,
+               kind_pipeline):
     if config.data.views == "dropout":
       return kind_pipeline()
     return span_views.halves_pipeline(source, tokenizer, seq_len=config.data.seq_len,
-                                      drop_remainder=train, **kw)
+                                      batch_size=batch_size,
+                                      read=dataclasses.replace(read, drop_remainder=train))
 
   def record_features(self, name, tokenizer, seq_len, *, num_labels):
     return contrastive_features(tokenizer, seq_len)

@@ -10,6 +10,7 @@ pooled [CLS] of sentence-pair rows (data/pairs.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -81,14 +82,16 @@ def sentence_pair_sums(mlm: Sums, pair_logits_Bx2, pair_labels_B, weights_B) -> 
           "loss_sum": mlm["loss_sum"] + mlm["loss_weight"] * pair_mean}
 
 
-def masked_text_pipeline(config, tokenizer, source, *, train: bool, rate: float, **kw):
+def masked_text_pipeline(config, tokenizer, source, *, train: bool, rate: float,
+                         batch_size: int, read: pipeline.Reading):
   """text_corpus batches: tokens BERT-masked at `rate` (0: plain tokens, no prediction
   targets chosen), packed or padded rows (eval: padded)."""
   data = config.data
   spec = pipeline.default_mask(tokenizer, rate=rate, whole_word=data.whole_word)
   return pipeline.mlm_pipeline(source, tokenizer, seq_len=data.seq_len,
                                mode=data.packing if train else "pad", mask=spec,
-                               drop_remainder=train, **kw)
+                               batch_size=batch_size,
+                               read=dataclasses.replace(read, drop_remainder=train))
 
 
 class MaskedLM(Family):
@@ -100,6 +103,7 @@ class MaskedLM(Family):
       # masked tasks: MLM logits at M gathered positions per row; -1: auto; 0: everywhere
       "max_predictions": -1,
   }
+  exclusive = ("sentence_pair",)
   minimized = ("mlm_loss", "pair_loss")
   predicts = dict.fromkeys(names, "vectors")
 
@@ -151,13 +155,14 @@ class MaskedLM(Family):
       out["pair_accuracy"] = ratio("pair_correct", "pair_weight")
     return out
 
-  def pipeline(self, name, config, source, tokenizer, *, train, kind_pipeline, **kw):
+  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read,
+               kind_pipeline):
     data = config.data
     if data.kind != "text_corpus":
       return kind_pipeline()
     if name == "mlm":
       return masked_text_pipeline(config, tokenizer, source, train=train, rate=data.mask_rate,
-                                  **kw)
+                                  batch_size=batch_size, read=read)
     mode = data.packing if train else "pad"
     if mode != "pad":
       raise ValueError(f"sentence_pair={config.sentence_pair!r} needs one sentence pair per "
@@ -165,7 +170,8 @@ class MaskedLM(Family):
     spec = pipeline.default_mask(tokenizer, rate=data.mask_rate, whole_word=data.whole_word)
     objective = {v: k for k, v in SENTENCE_PAIRS.items()}[name]
     return pairs.pair_pipeline(source, tokenizer, objective, seq_len=data.seq_len, mask=spec,
-                               drop_remainder=train, **kw)
+                               batch_size=batch_size,
+                               read=dataclasses.replace(read, drop_remainder=train))
 
   def stores_token_ids(self, name, config) -> bool:
     return name == "mlm" and super().stores_token_ids(name, config)

@@ -44,7 +44,13 @@ def family_of(name: str) -> Family:
 def resolve(config) -> str:
   """The task a config builds: config.task with its family's options folded in (task mlm
   + sentence_pair sop -> mlm_sop). `config`: a ConfigDict or a run's stored config dict."""
-  return family_of(config["task"]).resolve(config)
+  family = family_of(config["task"])
+  for other in FAMILIES:
+    for key in other.exclusive if other is not family else ():
+      if config.get(key, other.options[key]) != other.options[key]:
+        raise ValueError(f"{key}={config[key]!r} is an option of task "
+                         f"{' / '.join(map(repr, other.names[:1]))}; task is {config['task']!r}")
+  return family.resolve(config)
 
 
 def owner(config) -> tuple[str, Family]:

@@ -114,11 +114,13 @@ class ReplacedTokens(Family):
     out["replaced_recall"] = ratio("replaced_hits", "replaced")
     return out
 
-  def pipeline(self, name, config, source, tokenizer, *, train, kind_pipeline, **kw):
+  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read,
+               kind_pipeline):
     if config.data.kind != "text_corpus":
       return kind_pipeline()
     return masked_lm.masked_text_pipeline(config, tokenizer, source, train=train,
-                                          rate=config.data.mask_rate, **kw)
+                                          rate=config.data.mask_rate, batch_size=batch_size,
+                                          read=read)
 
   def predict(self, name, predictor, batch, args, lines):
     return pooled_vectors(predictor, args)

@@ -6,6 +6,8 @@ accuracy), with summable sums as every task's metrics.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -64,11 +66,13 @@ class Seq2Seq(Family):
                                 / max(float(sums["loss_weight"]), 1e-9))
     return out
 
-  def pipeline(self, name, config, source, tokenizer, *, train, kind_pipeline, **kw):
+  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read,
+               kind_pipeline):
     data = config.data
     return shuffled_words.shuffled_words_pipeline(
         source, tokenizer, seq_len=data.seq_len, min_words=data.min_words,
-        max_words=data.max_words, drop_remainder=train, **kw)
+        max_words=data.max_words, batch_size=batch_size,
+        read=dataclasses.replace(read, drop_remainder=train))
 
   def stores_token_ids(self, name, config) -> bool:
     return False

@@ -234,17 +234,18 @@ def _pipeline(config, tok, src, *, batch_size, num_epochs, train, num_classes=No
   text_records rows numbered for metrics that rank the whole split, made in this
   process)."""
   name, family = registry.owner(config)
-  kw = dict(batch_size=batch_size, num_epochs=num_epochs, seed=config.seed,
-            num_threads=config.data.num_threads, workers=workers)
+  read = pipeline.Reading(seed=config.seed, num_epochs=num_epochs,
+                          num_threads=config.data.num_threads, workers=workers)
   kind = lambda: _kind_pipeline(config, name, family, tok, src, train=train,  # noqa: E731
-                                num_classes=num_classes, **kw)
-  return family.pipeline(name, config, src, tok, train=train, kind_pipeline=kind, **kw)
+                                num_classes=num_classes, batch_size=batch_size, read=read)
+  return family.pipeline(name, config, src, tok, train=train, batch_size=batch_size,
+                         read=read, kind_pipeline=kind)
 
 
-def _kind_pipeline(config, name, family, tok, src, *, train, num_classes,
-                   **kw) -> grain.IterDataset:
+def _kind_pipeline(config, name, family, tok, src, *, train, num_classes, batch_size,
+                   read) -> grain.IterDataset:
   """The data kind's pipeline: what most tasks read from that kind."""
-  data_cfg = config.data
+  data_cfg, kw = config.data, dict(batch_size=batch_size, read=read)
   if data_cfg.kind == "text_corpus":  # plain tokens (the masked tasks mask them)
     return masked_lm.masked_text_pipeline(config, tok, src, train=train, rate=0.0, **kw)
   if data_cfg.kind == "text_classification":
