@@ -67,10 +67,10 @@ def _prepare(args):
 
 
 def _prepare_parser(sub):
+  from jaxencoder.data import builders
   p = sub.add_parser("prepare", help="write an array_record dataset under DATA_DIR/tfds "
                      "(reused while its sources are unchanged)")
-  p.add_argument("kind", help="text_corpus, text_classification, tagged_tokens, text_records, "
-                 "image_arrays or time_series")
+  p.add_argument("kind", help=", ".join(builders.KINDS))
   p.add_argument("--source", required=True, help="a file or a directory of them")
   p.add_argument("--data-dir", required=True)
   p.add_argument("--name", default="default")

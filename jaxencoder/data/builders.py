@@ -329,10 +329,27 @@ class TimeSeries(_Builder):
         yield self._key(ex["origin"]), ex
 
 
-BUILDERS = {"text_corpus": TextCorpus, "text_classification": TextClassification,
-            "tagged_tokens": TaggedTokens, "image_arrays": ImageArrays,
-            "time_series": TimeSeries, "text_records": TextRecords}
-TEXT_KINDS = ("text_corpus", "text_classification", "tagged_tokens", "text_records")  # tokenized
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """A data kind: its builder, whether its examples are text (tokenized), and the feature
+  whose class names give a task its classes (None: no classes)."""
+  builder: type
+  text: bool
+  label_feature: str | None
+
+
+# The one table of data kinds (train/datasets.py and train/batch_shapes.py branch on the
+# same names for the pipeline and the shapes each makes).
+KINDS = {
+    "text_corpus": Kind(TextCorpus, text=True, label_feature=None),
+    "text_classification": Kind(TextClassification, text=True, label_feature="label"),
+    "tagged_tokens": Kind(TaggedTokens, text=True, label_feature="tags"),
+    "text_records": Kind(TextRecords, text=True, label_feature="labels"),  # multilabel's
+    "image_arrays": Kind(ImageArrays, text=False, label_feature="label"),
+    "time_series": Kind(TimeSeries, text=False, label_feature="label"),
+}
+BUILDERS = {name: kind.builder for name, kind in KINDS.items()}
+TEXT_KINDS = tuple(name for name, kind in KINDS.items() if kind.text)  # tokenized
 
 
 def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bool = False,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from jaxencoder.data import builders
 from jaxencoder.tasks import registry
 from jaxencoder.tasks.base import Shapes, per_example, text_shapes
 
@@ -47,7 +48,7 @@ def kind_shapes(config, batch_size: int) -> Shapes:
   if data.kind == "text_records":
     raise ValueError(f"data.kind=text_records serves the tasks "
                      f"{', '.join(registry.record_tasks())}; not task={config.task!r}")
-  raise ValueError(f"data.kind={data.kind!r}: no batch shapes known for it")
+  raise ValueError(f"data.kind={data.kind!r} is not one of {', '.join(builders.KINDS)}")
 
 
 def abstract_batch(shapes: dict[str, tuple], sharding=None) -> dict[str, jax.ShapeDtypeStruct]:

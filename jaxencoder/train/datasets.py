@@ -111,8 +111,8 @@ def check_sizes(data_cfg, name: str, train, eval_) -> None:
 def label_names(data_cfg, name: str) -> list[str] | None:
   """Class names of a prepared dataset's labels (tags for tagged_tokens, the multi-label
   set of text_records); None for unlabelled data (text_corpus, other text_records)."""
-  feature = {"tagged_tokens": "tags", "text_corpus": None,
-             "text_records": "labels"}.get(data_cfg.kind, "label")
+  kind = builders.KINDS.get(data_cfg.kind)
+  feature = kind.label_feature if kind else None
   if feature is None:
     return None
   tfds_dir = as_path(data_cfg.data_dir) / "tfds"
@@ -266,5 +266,4 @@ def _kind_pipeline(config, name, family, tok, src, *, train, num_classes, batch_
     make = family.record_features(name, tok, data_cfg.seq_len, num_labels=num_classes)
     return pipeline.records_pipeline(src, records.checked(make, family.record_columns[name], name),
                                      index_examples=not train, **kw)
-  raise ValueError(f"data.kind={data_cfg.kind!r} is not one of text_corpus, "
-                   "text_classification, tagged_tokens, image_arrays, time_series, text_records")
+  raise ValueError(f"data.kind={data_cfg.kind!r} is not one of {', '.join(builders.KINDS)}")
