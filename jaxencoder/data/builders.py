@@ -209,7 +209,8 @@ class TextRecords(_Builder):
   is labels.txt beside the files, else the sorted set seen); `target` a number →
   float32 (regression); `label` an integer → int64 (multiple choice: the right
   choice); `answer_start` an integer → int64 (span: the answer's first character in
-  the context); any other column is text. Which columns a task reads: data/records.py.
+  the context); any other column is text. Which columns a task reads: its module in
+  jaxencoder/tasks/.
   """
   SUFFIXES = (".csv", ".tsv")
 

@@ -6,7 +6,7 @@ and `[CLS] second half [SEP]` are a positive pair (two adjacent spans of one spe
 DeCLUTR's anchors and positives), the batch's other halves its negatives. A text of one
 word gives the same span twice (then only dropout tells the views apart, as in SimCSE).
 Rows: text arrays [B, 2, L] and `example_weights` [B] (0 for fill rows), the layout of
-supervised contrastive groups (data/records.py `contrastive`).
+supervised contrastive groups (jaxencoder/tasks/contrastive.py).
 """
 
 from __future__ import annotations
