@@ -112,9 +112,9 @@ def train_losses(workdir) -> list[float]:
 def final_params(config, workdir):
   """The params of the latest checkpoint in workdir, on the host."""
   import jax
-  from jaxencoder.train.config import finalize
+  from jaxencoder.train.init_from import finalized
   from jaxencoder.train.loop import setup
-  run = setup(finalize(config), workdir)
+  run = setup(finalized(config), workdir)
   params = jax.device_get(run.state.params)
   run.checkpointer.close()
   run.writer.close()

@@ -61,7 +61,7 @@ class Family:
   options: dict[str, Any] = {}
   # Options that mean nothing to another family's tasks: set there, they are an error.
   exclusive: tuple[str, ...] = ()
-  minimized: tuple[str, ...] = ()  # metrics beside `loss` where lower is better
+  minimized: tuple[str, ...] = ()  # metrics beside the losses where lower is better
   # text_records columns each task needs (a task absent here does not read text_records).
   record_columns: dict[str, tuple[str, ...]] = {}
   # What jaxencoder-predict makes for each task: "lines" (one output line per input line),
@@ -91,8 +91,10 @@ class Family:
     return loss_summary(sums)
 
   def metric_mode(self, metric: str) -> str:
-    """'min' for `loss` and the family's `minimized` metrics, 'max' for the rest."""
-    return "min" if metric in ("loss", "dropped_predictions", *self.minimized) else "max"
+    """'min' for a loss (`loss`, `*_loss`), `dropped_predictions` and the family's
+    `minimized` metrics; 'max' for the rest (accuracy, F1, MRR, correlations)."""
+    lower = metric in ("loss", "dropped_predictions", *self.minimized) or metric.endswith("_loss")
+    return "min" if lower else "max"
 
   def pipeline(self, name: str, config, source, tokenizer, *, train: bool, batch_size: int,
                read: Reading, kind_pipeline: Callable[[], Any]):

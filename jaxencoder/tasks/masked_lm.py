@@ -104,7 +104,6 @@ class MaskedLM(Family):
       "max_predictions": -1,
   }
   exclusive = ("sentence_pair",)
-  minimized = ("mlm_loss", "pair_loss")
   predicts = dict.fromkeys(names, "vectors")
 
   def resolve(self, config) -> str:

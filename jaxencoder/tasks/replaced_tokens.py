@@ -78,7 +78,6 @@ class ReplacedTokens(Family):
       },
       "max_predictions": -1,  # as masked_lm's
   }
-  minimized = ("generator_loss", "discriminator_loss")
   predicts = {"electra": "vectors"}  # the discriminator's pooled vectors
 
   finalize = masked_lm.MaskedLM.finalize
