@@ -29,15 +29,15 @@ SENTENCE_PAIRS = {"nsp": "mlm_nsp", "sop": "mlm_sop"}  # config.sentence_pair ->
 
 
 def auto_max_predictions(data) -> int:
-  """Room for 1.25x the expected masked tokens of a row (max_predictions = -1)."""
-  return math.ceil(1.25 * data.mask_rate * data.seq_len) + 1
+  """Room for 1.25x the expected masked tokens of a row (max_predictions = -1); `data`:
+  a config's data section, a ConfigDict or a stored dict."""
+  return math.ceil(1.25 * data["mask_rate"] * data["seq_len"]) + 1
 
 
 def max_predictions(config) -> int:
   """config.max_predictions, its automatic value for -1 (a ConfigDict or stored dict)."""
   value = config.get("max_predictions", -1)
-  return auto_max_predictions(config["data"] if isinstance(config, dict) else config.data) \
-      if value < 0 else value
+  return value if value >= 0 else auto_max_predictions(config["data"])
 
 
 def masked_positions(weights_BxL: jax.Array, max_predictions: int) -> jax.Array:

@@ -35,7 +35,7 @@ from jaxencoder.train.prefetch import DevicePrefetch
 from jaxencoder.train.stop import Preempted, StopSignals
 from jaxencoder.train.config import RNG_IMPLS, encoder_config
 from jaxencoder.train.init_from import finalized
-from jaxencoder.train.resume import ConfigChangedError, check_config_unchanged  # noqa: F401
+from jaxencoder.train.resume import check_config_unchanged
 
 log = logging.getLogger("jaxencoder")
 
