@@ -103,7 +103,7 @@ def weighted_ce(logits, labels, weights) -> float:
 
 # ---------------------------------------------------------------- runners (in workers)
 def import_train_modules():
-  """jaxencoder.train's (optim, steps, tasks), also where the data pipeline cannot import.
+  """(optim, steps, tasks.registry), also where the data pipeline cannot import.
 
   The package's __init__ imports the training loop and with it grain and
   tensorflow_datasets, which the step does not use and an accelerator image may lack
@@ -116,14 +116,15 @@ def import_train_modules():
     import importlib
     import types
     import jaxencoder
-    print(f"# jaxencoder.train: {e}; loading optim, steps, tasks without its __init__",
+    print(f"# jaxencoder.train: {e}; loading optim, steps without its __init__",
           file=sys.stderr, flush=True)
     package = types.ModuleType("jaxencoder.train")
     package.__path__ = [os.path.join(os.path.dirname(jaxencoder.__file__), "train")]
     sys.modules["jaxencoder.train"] = package
-    optim, steps, tasks = (importlib.import_module(f"jaxencoder.train.{name}")
-                           for name in ("optim", "steps", "tasks"))
-  return optim, steps, tasks
+    optim, steps = (importlib.import_module(f"jaxencoder.train.{name}")
+                    for name in ("optim", "steps"))
+    registry = importlib.import_module("jaxencoder.tasks.registry")
+  return optim, steps, registry
 
 
 class JaxencoderRunner:
@@ -138,7 +139,7 @@ class JaxencoderRunner:
     import jax
     import jax.numpy as jnp
     from jaxencoder import EncoderConfig
-    optim, steps, tasks = import_train_modules()
+    optim, steps, registry = import_train_modules()
     make_key = lambda seed: jax.random.key(seed, impl=rng_impl)
     self.cfg = EncoderConfig.preset(preset, vocab_size=VOCAB, max_len=512, **model)
     m = 0 if full_logits else num_predictions(batch["input_ids"].shape[1])

@@ -96,3 +96,27 @@ def test_import_jaxencoder_loads_the_model_only():
           f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]"
+
+
+def test_the_tasks_and_the_train_step_import_without_the_input_pipeline():
+  """An accelerator image without grain or tfds can still build a task and its step
+  (bench/train_step.py runs there, loading train's modules under a bare package as
+  below); only building a task's pipeline needs them."""
+  code = """
+import importlib.abc, os, sys, types
+class Blocked(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path, target=None):
+    if name.split('.')[0] in ('grain', 'tensorflow_datasets'):
+      raise ImportError('no ' + name)
+sys.meta_path.insert(0, Blocked())
+import jaxencoder
+from jaxencoder.tasks import registry
+train = types.ModuleType('jaxencoder.train')
+train.__path__ = [os.path.join(os.path.dirname(jaxencoder.__file__), 'train')]
+sys.modules['jaxencoder.train'] = train
+from jaxencoder.train import optim, steps
+print(sorted(registry.task_names()))
+"""
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "mlm" in out.stdout and "classify" in out.stdout

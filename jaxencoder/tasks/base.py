@@ -8,7 +8,7 @@ split is exact whatever the batching; a family's `summarize` turns them into val
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import flax.linen as nn
 import jax
@@ -17,7 +17,9 @@ import numpy as np
 import optax
 
 from jaxencoder.config import EncoderConfig
-from jaxencoder.data.pipeline import Reading
+
+if TYPE_CHECKING:  # the grain pipelines load only where a task builds one
+  from jaxencoder.data.pipeline import Reading
 
 INPUT_KEYS = {"text": "input_ids", "image": "images", "series": "inputs"}
 MODEL_KWARGS = ("attention_mask", "token_type_ids", "segment_ids", "positions")

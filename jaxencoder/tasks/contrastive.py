@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxencoder.data import records, span_views
+from jaxencoder.data import records
 from jaxencoder.data.readers import as_text
 from jaxencoder.heads import EncoderContrastive, info_nce_loss, is_grouped
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
@@ -117,6 +117,7 @@ class Contrastive(Family):
                kind_pipeline):
     if config.data.views == "dropout":
       return kind_pipeline()
+    from jaxencoder.data import span_views
     return span_views.halves_pipeline(source, tokenizer, seq_len=config.data.seq_len,
                                       batch_size=batch_size,
                                       read=dataclasses.replace(read, drop_remainder=train))

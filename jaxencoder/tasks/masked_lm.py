@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxencoder.data import pairs, pipeline
+if TYPE_CHECKING:
+  from jaxencoder.data.pipeline import Reading
+
 from jaxencoder.heads import EncoderForMaskedLM, EncoderForPreTraining
 from jaxencoder.layers import take_rows
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
@@ -83,9 +85,10 @@ def sentence_pair_sums(mlm: Sums, pair_logits_Bx2, pair_labels_B, weights_B) -> 
 
 
 def masked_text_pipeline(config, tokenizer, source, *, train: bool, rate: float,
-                         batch_size: int, read: pipeline.Reading):
+                         batch_size: int, read: Reading):
   """text_corpus batches: tokens BERT-masked at `rate` (0: plain tokens, no prediction
   targets chosen), packed or padded rows (eval: padded)."""
+  from jaxencoder.data import pipeline
   data = config.data
   spec = pipeline.default_mask(tokenizer, rate=rate, whole_word=data.whole_word)
   return pipeline.mlm_pipeline(source, tokenizer, seq_len=data.seq_len,
@@ -166,6 +169,7 @@ class MaskedLM(Family):
     if mode != "pad":
       raise ValueError(f"sentence_pair={config.sentence_pair!r} needs one sentence pair per "
                        f"row: data.packing={mode!r} is not supported, use 'pad'")
+    from jaxencoder.data import pairs, pipeline
     spec = pipeline.default_mask(tokenizer, rate=data.mask_rate, whole_word=data.whole_word)
     objective = {v: k for k, v in SENTENCE_PAIRS.items()}[name]
     return pairs.pair_pipeline(source, tokenizer, objective, seq_len=data.seq_len, mask=spec,

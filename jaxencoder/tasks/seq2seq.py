@@ -11,7 +11,6 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from jaxencoder.data import shuffled_words
 from jaxencoder.decoder import EncoderDecoder, greedy_decode
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
                                    mean_loss, text_shapes, weighted_ce)
@@ -68,6 +67,7 @@ class Seq2Seq(Family):
 
   def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read,
                kind_pipeline):
+    from jaxencoder.data import shuffled_words
     data = config.data
     return shuffled_words.shuffled_words_pipeline(
         source, tokenizer, seq_len=data.seq_len, min_words=data.min_words,
