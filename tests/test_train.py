@@ -11,6 +11,7 @@ import time
 import itertools
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -28,8 +29,8 @@ from jaxencoder.train.stop import EXIT_PREEMPTED
 from jaxencoder.train.datasets import make_pipelines
 from jaxencoder.train.metrics import read_metrics
 from jaxencoder.train.init_from import adopt
-from jaxencoder.train.config import (apply_overrides, base_config,
-                                     encoder_config, finalize, model_config)
+from jaxencoder.train.config import (apply_overrides, base_config, encoder_config,
+                                     finalize, model_config, override_model)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -212,6 +213,16 @@ def test_init_from_takes_the_stored_architecture_and_overrides_win(corpus, mlm_r
   wide = th.tiny_config(root, source, vocab, num_layers=3)
   apply_overrides(wide, [f"init_from={mlm_run.workdir}", "model.emb_dim=48"])
   assert tuple(wide.model_overrides) == ("emb_dim",)
+  # The Python twin of the flag behaves the same; a plain assignment is a preset, replaced.
+  from_python = th.tiny_config(root, source, vocab, num_layers=3)
+  from_python.init_from = str(mlm_run.workdir)
+  override_model(from_python, emb_dim=48)
+  assigned = th.tiny_config(root, source, vocab, num_layers=3)
+  assigned.init_from, assigned.model.emb_dim = str(mlm_run.workdir), 48
+  assert adopt(from_python) == adopt(ml_collections.ConfigDict(wide.to_dict()))
+  assert from_python.model.emb_dim == 48 and "model.emb_dim: 48 -> 32" in adopt(assigned)
+  with pytest.raises(KeyError, match="unknown model field 'emb_size'"):
+    override_model(from_python, emb_size=48)
   with pytest.raises(ValueError, match=r"(?s)init_from=.*embeddings/token_embed/embedding: "
                                        r"checkpoint \(\d+, 32\) vs model \(\d+, 48\)"):
     train_and_evaluate(wide, tmp_path / "wide")

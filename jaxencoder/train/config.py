@@ -101,7 +101,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.logical_axis_rules = [(name, axes) for name, axes in DEFAULT_RULES]
   c.init_from = ""  # a run / converted checkpoint dir, a Hugging Face dir, or "minilm":
   #                   its encoder params and architecture
-  c.model_overrides = ()  # model fields kept over init_from's (command-line model.* added)
+  c.model_overrides = ()  # model fields kept over init_from's (override_model / --config.model.*)
   c.allow_config_change = False  # resume even if the model / optimizer / data config changed
   c.parallelism = "jit"  # jit (default, any mesh) | pmap (compatibility: data parallel only)
   c.progress_bar = True
@@ -190,6 +190,20 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
     node = config
     for name in parents:
       node = node[name]
-    node[leaf] = _parse_value(text, node[leaf])
-    if parents == ["model"] and leaf not in config.model_overrides:
-      config.model_overrides = tuple(config.model_overrides) + (leaf,)
+    value = _parse_value(text, node[leaf])
+    if parents == ["model"]:
+      override_model(config, **{leaf: value})
+    else:
+      node[leaf] = value
+
+
+def override_model(config: ml_collections.ConfigDict, **fields: Any) -> None:
+  """Sets `config.model` fields that win over `init_from`'s stored architecture: the
+  Python twin of `--config.model.X=V` (both go through here). A plain assignment to
+  `config.model.X` is a preset that `init_from` replaces (and logs)."""
+  for name, value in fields.items():
+    if name not in config.model:
+      raise KeyError(f"unknown model field {name!r}; valid: {', '.join(sorted(config.model))}")
+    config.model[name] = value
+    if name not in config.model_overrides:
+      config.model_overrides = tuple(config.model_overrides) + (name,)
