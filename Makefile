@@ -40,7 +40,7 @@ train: $(STAMP)
 # (RoBERTa, DistilBERT, ELECTRA, ModernBERT, ViT) from small random-weight models:
 # installs torch (CPU) and transformers into .venv, then runs the pretrained tests.
 parity-deps: $(STAMP)
-	$(PY) -m pip install -q torch==2.13.0 transformers
+	$(PY) -m pip install -q torch==2.13.0 transformers sentence-transformers
 
 # --no-skips: a live test that skips (e.g. torch installed but failing to import) fails.
 parity: parity-deps

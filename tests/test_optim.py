@@ -1,5 +1,5 @@
 """Optimizer: schedules, weight-decay mask, layer-wise LR decay, multipliers, freezing,
-accumulation and clipping, on the param trees of a 3-layer MLM model (both layouts)."""
+clipping, on the param trees of a 3-layer MLM model (both layouts)."""
 
 import re
 
@@ -13,7 +13,7 @@ import pytest
 
 from jaxencoder import EncoderConfig, EncoderForMaskedLM
 from jaxencoder.train.optim import (default_optim_config, learning_rate_schedule, make_optimizer,
-                              param_multipliers, path_str, trainable_mask, update_applied,
+                              param_multipliers, path_str, trainable_mask,
                               weight_decay_mask)
 
 N = 3
@@ -158,15 +158,34 @@ def test_weight_decay_mask_skips_biases_norms_and_optionally_embeddings(params):
   assert no_embed[f"encoder/{layer}/ffn/wi/kernel"]
 
 
-def test_zero_gradient_step_decays_only_masked_weights(loop_params):
-  cfg = config(weight_decay=0.5)
-  zeros = jax.tree.map(jnp.zeros_like, loop_params)
-  new, _, _ = run_steps(cfg, loop_params, [zeros])
-  old, new = by_path(loop_params), by_path(new)
-  kernel = "encoder/layers_0/ffn/wi/kernel"
-  np.testing.assert_allclose(new[kernel], old[kernel] * (1 - 0.1 * 0.5), rtol=1e-6)
-  for name in ("encoder/layers_0/ffn/wi/bias", "mlm_head/norm/scale"):
-    np.testing.assert_array_equal(new[name], old[name])
+@pytest.mark.parametrize("name", ["adamw", "adafactor", "lion"])
+def test_weight_decay_is_lr_times_wd_at_a_mid_schedule_step(params, name):
+  """With zero gradients every optimizer's update is its decoupled decay alone: at step t a
+  decayed leaf becomes p * (1 - lr(t) * wd) (AdamW's and Lion's -lr * wd * p, Adafactor's
+  rate = wd * lr(t)); biases and norm scales stay. Step 5 of a warmup-then-linear schedule
+  has an LR unlike its neighbours', so a schedule read at the wrong step fails."""
+  wd, t = 0.5, 5
+  cfg = config(name=name, weight_decay=wd, schedule="linear", warmup_steps=2, total_steps=10)
+  tx, lr_fn = make_optimizer(cfg, params, num_layers=N)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  state, update = jax.jit(tx.init)(params), jax.jit(tx.update)
+  current = params
+  for _ in range(t):  # decay at steps 0 .. t - 1
+    updates, state = update(zeros, state, current)
+    current = optax.apply_updates(current, updates)
+  updates, state = update(zeros, state, current)
+  new, old = by_path(optax.apply_updates(current, updates)), by_path(current)
+  decays = by_path(weight_decay_mask(params, cfg))
+  lr = float(lr_fn(t))
+  assert lr not in (float(lr_fn(t - 1)), float(lr_fn(t + 1)))
+  for leaf, decayed in decays.items():
+    if decayed:
+      np.testing.assert_allclose(new[leaf], old[leaf] * (1 - lr * wd), rtol=1e-6, err_msg=leaf)
+    else:
+      np.testing.assert_array_equal(new[leaf], old[leaf], err_msg=leaf)
+  assert any(decays.values()) and not all(decays.values())
+  kinds = {leaf.rsplit("/", 1)[-1] for leaf, decayed in decays.items() if not decayed}
+  assert {"bias", "scale"} <= kinds
 
 
 # Layer-wise LR decay and regex multipliers.
@@ -297,27 +316,7 @@ def test_frozen_slices_do_not_count_in_the_clipping_norm(scan_params):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), updates, unclipped)
 
 
-# Accumulation and clipping.
-
-def test_accumulated_micro_steps_equal_one_step_on_the_mean_gradient(scan_params):
-  params = scan_params
-  grads = [random_like(params, seed=s, scale=1e-3) for s in range(3)]
-  mean = jax.tree.map(lambda *g: jnp.asarray(sum(map(np.asarray, g)) / 3), *grads)
-  # eps ~ |g| keeps g / (|g| + eps) well conditioned and sensitive to the grad's scale.
-  cfg = dict(eps=1e-3, layer_decay=0.7)
-  tx, _ = make_optimizer(config(grad_accum_steps=3, **cfg), params, num_layers=N)
-  state, update = jax.jit(tx.init)(params), jax.jit(tx.update)
-  applied = []
-  for g in grads:
-    updates, state = update(g, state, params)
-    applied.append(bool(update_applied(state)))
-    if not applied[-1]:
-      assert not any(np.any(u) for u in jax.tree.leaves(updates))
-  assert applied == [False, False, True]
-  assert int(state.gradient_step) == 1
-  _, expected, _ = run_steps(config(**cfg), params, [mean])
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), updates, expected)
-
+# Clipping (accumulation is the train step's: tests/test_train_step.py).
 
 @pytest.mark.parametrize("clip, expected_norm", [(1.0, 1.0), (0.0, 100.0)])
 def test_clipping_caps_the_global_norm(loop_params, clip, expected_norm):

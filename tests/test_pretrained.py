@@ -25,7 +25,8 @@ from jaxencoder.pooling import mean_pool
 from jaxencoder.pretrained import embed, encoder_params, load, save
 from jaxencoder.io import run_dir
 from jaxencoder.pretrained.__main__ import convert
-from jaxencoder.pretrained.sentences import length_buckets
+from jaxencoder.pretrained.sentences import (SentenceConfig, length_buckets,
+                                             sentence_transformers_config)
 from jaxencoder.tokenizer import default_tokenizer_path
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "minilm_reference.npz"
@@ -275,6 +276,123 @@ def test_embed_is_unit_norm_and_independent_of_batching():
   np.testing.assert_allclose(small_NxD, large_NxD, atol=1e-5)
 
 
+# Over 256 tokens: sentence-transformers keeps MiniLM's first 256 (max_seq_length), not 128.
+LONG_TEXT = (
+    "The old harbour town wakes early. Fishing boats leave before dawn, and by six the "
+    "market stalls are stacked with crates of mackerel, crab and mussels. Gulls circle the "
+    "quay while traders argue about prices in voices hoarse from years of shouting over the "
+    "wind. Tourists arrive later, drifting between the bakery and the lighthouse, buying "
+    "postcards that show the harbour as it looked a century ago. In winter the town empties; "
+    "storms close the ferry for days at a time and the few cafes that stay open serve soup to "
+    "the same handful of regulars. " * 2
+    + "Meanwhile, at the university, the physics department is rebuilding its laboratory "
+    "after a flood ruined the basement. Graduate students carried oscilloscopes, lasers and "
+    "vacuum pumps up three flights of stairs, and the department head wrote to every alumnus "
+    "she could find asking for money to replace the damaged spectrometer. Experiments on "
+    "superconducting thin films are paused until the cryostat is repaired, which the "
+    "technicians expect to take most of the spring semester.")
+WORDS = "the quick brown fox jumps over the lazy dog".split()  # one WordPiece token each
+
+
+def sentence_dir(tmp_path, name, *, sbert=None, modules=None, tokenizer_json=None):
+  """MiniLM's directory as links, sentence_bert_config.json / modules.json /
+  tokenizer.json replaced by the JSON given, or left out where given `...`."""
+  out = tmp_path / name
+  out.mkdir()
+  edits = {"sentence_bert_config.json": sbert, "modules.json": modules,
+           "tokenizer.json": tokenizer_json}
+  for entry in pathlib.Path(MINILM).iterdir():
+    edit = edits.get(entry.name)
+    if edit is None:
+      (out / entry.name).symlink_to(entry)
+    elif edit is not ...:
+      (out / entry.name).write_text(json.dumps(edit), encoding="utf-8")
+  return out
+
+
+def minilm_json(name):
+  return json.loads((pathlib.Path(MINILM) / name).read_text(encoding="utf-8"))
+
+
+@needs_minilm
+def test_embed_config_reads_modules_and_sentence_bert_config(tmp_path):
+  assert sentence_transformers_config(MINILM) == SentenceConfig(
+      max_seq_length=256, do_lower_case=False, pooling="mean", normalize=True)
+  plain = sentence_dir(tmp_path, "plain", sbert=..., modules=...)  # no sentence-transformers
+  assert sentence_transformers_config(plain) == SentenceConfig(max_seq_length=128)
+  modules = minilm_json("modules.json")
+  bare = sentence_dir(tmp_path, "bare", sbert=..., modules=modules[:2])
+  assert sentence_transformers_config(bare) == SentenceConfig(  # tokenizer_config's length
+      max_seq_length=512, do_lower_case=False, pooling="mean", normalize=False)
+  (tmp_path / "cls" / "1_Pooling").mkdir(parents=True)
+  (tmp_path / "cls" / "1_Pooling" / "config.json").write_text(
+      json.dumps({"embedding_dimension": 384, "pooling_mode": "cls"}))  # sentence-transformers 6
+  (tmp_path / "cls" / "modules.json").write_text(json.dumps(modules))
+  assert sentence_transformers_config(tmp_path / "cls").pooling == "cls"
+  dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+  (tmp_path / "cls" / "modules.json").write_text(json.dumps(modules + [dense]))
+  with pytest.raises(ValueError, match="Dense.*not supported"):
+    embed(["x"], tmp_path / "cls", progress=False)
+
+
+@needs_minilm
+def test_embed_default_length_is_max_seq_length_not_128(tmp_path):
+  tokenizer = load(MINILM)[2]
+  assert tokenizer.encode(LONG_TEXT)["input_ids"].shape[0] > 256
+  default_1xD = embed([LONG_TEXT], MINILM, batch_size=1, progress=False)
+  np.testing.assert_allclose(default_1xD, embed([LONG_TEXT], MINILM, batch_size=1,
+                                                max_length=256, progress=False), atol=1e-6)
+  first_128_1xD = embed([LONG_TEXT], MINILM, batch_size=1, max_length=128, progress=False)
+  assert np.sum(default_1xD * first_128_1xD) < 0.99
+  plain = sentence_dir(tmp_path, "plain", sbert=..., modules=...)  # keeps embed's 128
+  np.testing.assert_allclose(embed([LONG_TEXT], plain, batch_size=1, progress=False),
+                             first_128_1xD, atol=1e-6)
+  with pytest.raises(ValueError, match="max_length=513 exceeds the model's 512 positions"):
+    embed(["x"], MINILM, max_length=513, progress=False)
+
+
+@needs_minilm
+def test_embed_truncates_at_the_directorys_max_seq_length(tmp_path):
+  short = sentence_dir(tmp_path, "short", sbert={"max_seq_length": 32, "do_lower_case": False})
+  words = WORDS * 6
+  assert load(MINILM)[2].encode(" ".join(words))["input_ids"].shape[0] == len(words) + 2
+  long_1xD = embed([" ".join(words)], short, batch_size=1, progress=False)
+  first_30_1xD = embed([" ".join(words[:30])], short, batch_size=1, progress=False)  # + 2 specials
+  np.testing.assert_allclose(long_1xD, first_30_1xD, atol=1e-6)
+  assert np.sum(long_1xD * embed([" ".join(words)], MINILM, batch_size=1, progress=False)) < 0.999
+
+
+@needs_minilm
+def test_embed_normalizes_only_when_modules_json_lists_normalize(tmp_path):
+  texts = ["one", "a somewhat longer sentence about cats", "end."]
+  raw = sentence_dir(tmp_path, "raw", modules=minilm_json("modules.json")[:2])
+  raw_NxD = embed(texts, raw, batch_size=2, progress=False)
+  norm_N1 = np.linalg.norm(raw_NxD, axis=-1, keepdims=True)
+  assert np.abs(norm_N1 - 1).min() > 0.01
+  unit_NxD = embed(texts, MINILM, batch_size=2, progress=False)
+  np.testing.assert_allclose(raw_NxD, unit_NxD * norm_N1, atol=1e-5)
+  np.testing.assert_allclose(embed(texts, raw, batch_size=2, normalize=True, progress=False),
+                             unit_NxD, atol=1e-6)
+  np.testing.assert_allclose(embed(texts, MINILM, batch_size=2, normalize=False, progress=False),
+                             raw_NxD, atol=1e-6)
+
+
+@needs_minilm
+def test_embed_lower_cases_when_sentence_bert_config_says_so(tmp_path):
+  cased = minilm_json("tokenizer.json")
+  cased["normalizer"]["lowercase"] = False
+  texts, lower = ["Hello World, Said THE Cat."], ["hello world, said the cat."]
+  keep = sentence_dir(tmp_path, "keep", tokenizer_json=cased)  # do_lower_case: false
+  fold = sentence_dir(tmp_path, "fold", tokenizer_json=cased,
+                      sbert={"max_seq_length": 256, "do_lower_case": True})
+  expected_1xD = embed(lower, MINILM, batch_size=1, progress=False)
+  np.testing.assert_allclose(embed(texts, fold, batch_size=1, progress=False), expected_1xD,
+                             atol=1e-6)
+  np.testing.assert_allclose(embed(lower, keep, batch_size=1, progress=False), expected_1xD,
+                             atol=1e-6)
+  assert np.sum(embed(texts, keep, batch_size=1, progress=False) * expected_1xD) < 0.99
+
+
 # ------------------------------------------------------------------ live (torch)
 FRESH_SINGLES = ["Transformers map token sequences to contextual vectors, one per token.",
                  "Rain.", "The quick brown fox, again, with more words than before; why not?"]
@@ -322,6 +440,22 @@ def test_live_embed_matches_pytorch_mean_pooling(torch_transformers, minilm_cls)
   theirs_NxD = mean_NxD / np.linalg.norm(mean_NxD, axis=-1, keepdims=True)
   ours_NxD = embed(FRESH_SINGLES, MINILM, max_length=40, progress=False)
   assert np.sum(ours_NxD * theirs_NxD, axis=-1).min() > 0.99999
+
+
+@needs_minilm
+def test_live_embed_matches_sentence_transformers_encode_past_128_tokens(torch_transformers):
+  """SentenceTransformer(MINILM).encode: its modules.json and sentence_bert_config.json
+  (256 tokens, Normalize) against embed's defaults, on texts of 9 to 300+ tokens."""
+  sentence_transformers = pytest.importorskip("sentence_transformers")
+  model = sentence_transformers.SentenceTransformer(str(MINILM), device="cpu")
+  assert model.max_seq_length == sentence_transformers_config(MINILM).max_seq_length == 256
+  half = LONG_TEXT[:len(LONG_TEXT) // 2]
+  texts = [LONG_TEXT, half, FRESH_SINGLES[0], LONG_TEXT[len(half):]]
+  lengths_N = load(MINILM)[2].encode_batch(texts)["attention_mask"].sum(-1)
+  assert lengths_N[0] > 256 and (lengths_N[[1, 3]] > 128).all()  # 321, 167, 15, 158
+  theirs_NxD = model.encode(texts, batch_size=4, convert_to_numpy=True)
+  ours_NxD = embed(texts, MINILM, batch_size=4, progress=False)
+  assert np.abs(ours_NxD - theirs_NxD).max() < 1e-5
 
 
 @needs_minilm

@@ -129,11 +129,12 @@ def compile_step(built: Built, name: str, batch_size: int, *,
   if batch_size % unit:
     return StepReport(name, batch_size, False, 0.0, f"batch {batch_size} does not split over "
                       f"the mesh's data x fsdp = {unit} devices (train.py would refuse it)")
-  shapes = batch_shapes(config, batch_size, train=name == "train", group=group)
+  micro_batches = config.optim.grad_accum_steps if name == "train" else 1
+  shapes = batch_shapes(config, batch_size * micro_batches, train=name == "train", group=group)
   batch = abstract_batch(shapes, sharding_lib.batch_sharding(built.mesh))
-  if name == "train":
+  if name == "train":  # batch_size: one micro-batch's rows; the step reads k of them
     fn = steps.jit_train_step(built.task, built.tx, rng_key(config, 1), built.shardings,
-                              built.mesh)
+                              built.mesh, micro_batches=micro_batches)
     args = (built.state, batch)
   else:
     fn = steps.jit_eval_step(built.task, built.shardings, built.mesh)

@@ -302,15 +302,23 @@ def read_torch_weights(file: pathlib.Path) -> dict[str, np.ndarray]:
   return {k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()}
 
 
-def sentence_pooling(path: pathlib.Path) -> str | None:
-  """'cls' / 'mean' / 'max' from sentence-transformers' 1_Pooling/config.json, if present."""
-  file = pathlib.Path(path) / POOLING
+def sentence_pooling(path: pathlib.Path, folder: str = str(POOLING.parent)) -> str | None:
+  """'cls' / 'mean' / 'max' from sentence-transformers' pooling config (`folder`, as
+  modules.json names it, /config.json), if present: its pooling_mode_* flags, or the
+  single `pooling_mode` newer sentence-transformers versions write."""
+  file = pathlib.Path(path) / folder / POOLING.name
   if not file.is_file():
     return None
   modes = read_json(file)
-  chosen = [mode for mode, field in POOLING_MODES.items() if modes.get(field)]
-  others = [k for k, v in modes.items() if k.startswith("pooling_mode") and v
-            and k not in POOLING_MODES.values()]
+  if "pooling_mode" in modes:
+    named = modes["pooling_mode"]
+    named = [named] if isinstance(named, str) else list(named)
+    chosen = [mode for mode in named if mode in POOLING_MODES]
+    others = [mode for mode in named if mode not in POOLING_MODES]
+  else:
+    chosen = [mode for mode, field in POOLING_MODES.items() if modes.get(field)]
+    others = [k for k, v in modes.items() if k.startswith("pooling_mode") and v
+              and k not in POOLING_MODES.values()]
   if len(chosen) != 1 or others:
     raise ValueError(f"{file}: jaxencoder supports exactly one of {sorted(POOLING_MODES)} "
                      f"pooling, got {chosen + others}")

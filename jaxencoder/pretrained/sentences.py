@@ -1,35 +1,97 @@
-"""Sentence embeddings as sentence-transformers computes them: pooled, L2-normalised."""
+"""Sentence embeddings as sentence-transformers computes them, from the directory's files."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import pathlib
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 import tqdm
+from tokenizers import normalizers
 
 from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import Encoder
 from jaxencoder.heads import l2_normalize
 from jaxencoder.pretrained import hf_checkpoint
+from jaxencoder.tokenizer import Tokenizer
 
 SMALLEST_BUCKET = 16
+MODULES = "modules.json"
+SBERT_CONFIG = "sentence_bert_config.json"
+PLAIN_MAX_LENGTH = 128  # a directory without modules.json: embed's length before it read them
 
 
-def embed(texts: Sequence[str], model_dir, *, batch_size: int = 32, max_length: int = 128,
-          progress: bool = True) -> np.ndarray:
-  """Unit-norm sentence embeddings [N, D] of `texts` with the BERT in `model_dir`.
+@dataclasses.dataclass(frozen=True)
+class SentenceConfig:
+  """What sentence-transformers does with a directory (`sentence_transformers_config`).
 
-  Pooling follows the directory's `1_Pooling/config.json` (mean without one; never
-  BERT's dense pooler). Texts are sorted by length and run in fixed [batch_size, L]
-  batches, L from a few power-of-two buckets up to `max_length`, so the jitted
-  model compiles at most once per bucket.
+  max_seq_length: tokens kept, specials included (None: the model's positions).
+  transformer_path: the Transformer module's folder (weights, tokenizer), relative.
   """
-  cfg, params, tokenizer = _load_for_embedding(str(pathlib.Path(model_dir).resolve()))
-  if max_length > cfg.max_positions:
+  max_seq_length: int | None = PLAIN_MAX_LENGTH
+  do_lower_case: bool = False
+  pooling: str = "mean"
+  normalize: bool = True
+  transformer_path: str = ""
+
+
+def sentence_transformers_config(model_dir) -> SentenceConfig:
+  """Reads modules.json, sentence_bert_config.json and the pooling config of `model_dir`.
+
+  modules.json lists a Transformer, a Pooling and optionally a Normalize module (any
+  other is a ValueError: embed cannot compute it). As in sentence-transformers, a missing
+  sentence_bert_config.json or key means tokenizer_config.json's model_max_length (else
+  the model's positions) and no lower-casing.
+  Without modules.json (a plain Hugging Face directory) embed keeps its own defaults:
+  1_Pooling if present else mean, L2-normalised, 128 tokens.
+  """
+  path = pathlib.Path(model_dir)
+  if not (path / MODULES).is_file():
+    return SentenceConfig(pooling=hf_checkpoint.sentence_pooling(path) or "mean")
+  paths = {}
+  for module in json.loads((path / MODULES).read_text(encoding="utf-8")):
+    kind = module["type"].rsplit(".", 1)[-1]
+    if kind not in ("Transformer", "Pooling", "Normalize"):
+      raise ValueError(f"{path / MODULES}: module {module['type']!r} is not supported; embed "
+                       "computes Transformer, Pooling and Normalize")
+    paths[kind] = module.get("path", "")
+  missing = [kind for kind in ("Transformer", "Pooling") if kind not in paths]
+  if missing:
+    raise ValueError(f"{path / MODULES}: lists no {' or '.join(missing)} module")
+  root = path / paths["Transformer"]
+  sbert = hf_checkpoint.read_json(root / SBERT_CONFIG) if (root / SBERT_CONFIG).is_file() else {}
+  tokenizer_config = root / "tokenizer_config.json"
+  max_length = sbert.get("max_seq_length") or (
+      hf_checkpoint.read_json(tokenizer_config).get("model_max_length")
+      if tokenizer_config.is_file() else None)
+  pooling = hf_checkpoint.sentence_pooling(path, paths["Pooling"]) or "mean"
+  return SentenceConfig(max_seq_length=max_length, do_lower_case=bool(sbert.get("do_lower_case")),
+                        pooling=pooling, normalize="Normalize" in paths,
+                        transformer_path=paths["Transformer"])
+
+
+def embed(texts: Sequence[str], model_dir, *, batch_size: int = 32,
+          max_length: int | None = None, normalize: bool | None = None,
+          progress: bool = True) -> np.ndarray:
+  """Sentence embeddings [N, D] of `texts`, as sentence-transformers' `encode` gives them.
+
+  Follows `sentence_transformers_config(model_dir)`: pooling (never BERT's dense
+  pooler), lower-casing, and by default its max_seq_length (capped at the model's
+  positions; an explicit `max_length` past them is a ValueError) and whether a Normalize
+  module L2-normalises. Texts are sorted by length and run in fixed [batch_size, L]
+  batches, L from a few power-of-two buckets up to max_length, so the jitted model
+  compiles at most once per bucket.
+  """
+  cfg, params, tokenizer, sentence = _load_for_embedding(str(pathlib.Path(model_dir).resolve()))
+  if max_length is None:
+    max_length = min(sentence.max_seq_length or cfg.max_positions, cfg.max_positions)
+  elif max_length > cfg.max_positions:
     raise ValueError(f"max_length={max_length} exceeds the model's {cfg.max_positions} positions")
+  normalize = sentence.normalize if normalize is None else normalize
   order = np.argsort([-len(t) for t in texts], kind="stable")  # longest first
   embeddings_NxD = np.zeros((len(texts), cfg.emb_dim), np.float32)
   buckets = length_buckets(max_length)
@@ -38,25 +100,43 @@ def embed(texts: Sequence[str], model_dir, *, batch_size: int = 32, max_length: 
     rows = order[start:start + batch_size]
     batch = tokenizer.encode_batch([texts[i] for i in rows], max_length=max_length)
     batch = pad_batch(batch, batch_size, bucket_for(batch["input_ids"].shape[1], buckets))
-    pooled_BxD = _embed_batch(cfg, params, batch["input_ids"], batch["attention_mask"])
+    pooled_BxD = _embed_batch(cfg, normalize, params, batch["input_ids"], batch["attention_mask"])
     embeddings_NxD[rows] = np.asarray(pooled_BxD)[:len(rows)]
   return embeddings_NxD
 
 
 @functools.lru_cache(maxsize=4)
 def _load_for_embedding(model_dir: str):
-  """(cfg, params, tokenizer) with sentence pooling and no dense pooler; cached per dir."""
-  pooling = hf_checkpoint.sentence_pooling(pathlib.Path(model_dir)) or "mean"
-  cfg, params, tokenizer = hf_checkpoint.load(model_dir, pooling=pooling)
+  """(cfg, params, tokenizer, SentenceConfig) with sentence pooling, no dense pooler;
+  cached per directory."""
+  sentence = sentence_transformers_config(model_dir)
+  root = pathlib.Path(model_dir) / sentence.transformer_path
+  cfg, params, tokenizer = hf_checkpoint.load(root, pooling=sentence.pooling)
   if tokenizer is None:
-    raise FileNotFoundError(f"{model_dir}: needs tokenizer.json or vocab.txt to embed text")
-  return cfg, hf_checkpoint.encoder_params(params), tokenizer
+    raise FileNotFoundError(f"{root}: needs tokenizer.json or vocab.txt to embed text")
+  if sentence.do_lower_case:
+    lowercase_first(tokenizer)
+  return cfg, hf_checkpoint.encoder_params(params), tokenizer, sentence
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _embed_batch(cfg: EncoderConfig, params, input_ids_BxL, attention_mask_BxL) -> jax.Array:
-  out = Encoder(cfg).apply({"params": params}, input_ids_BxL, attention_mask_BxL)
-  return l2_normalize(out.pooled)
+def lowercase_first(tokenizer: Tokenizer) -> None:
+  """Lower-cases before the tokenizer's normaliser unless that already lower-cases (as
+  sentence-transformers does for do_lower_case)."""
+  normalizer = tokenizer.hf.normalizer
+  steps = json.loads(normalizer.__getstate__()) if normalizer is not None else {}
+  steps = steps.get("normalizers", [steps])  # a Sequence, or one normaliser
+  if any(s.get("type") == "Lowercase" or (s.get("type") == "BertNormalizer" and s.get("lowercase"))
+         for s in steps):
+    return
+  tokenizer.hf.normalizer = normalizers.Sequence(
+      [normalizers.Lowercase()] + ([normalizer] if normalizer is not None else []))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _embed_batch(cfg: EncoderConfig, normalize: bool, params, input_ids_BxL,
+                 attention_mask_BxL) -> jax.Array:
+  pooled_BxD = Encoder(cfg).apply({"params": params}, input_ids_BxL, attention_mask_BxL).pooled
+  return l2_normalize(pooled_BxD) if normalize else pooled_BxD.astype(np.float32)
 
 
 def length_buckets(max_length: int) -> tuple[int, ...]:

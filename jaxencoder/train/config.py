@@ -128,6 +128,12 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
+def rows_per_step(config) -> int:
+  """Rows of data one train step consumes: batch_size x optim.grad_accum_steps (each
+  step is one optimizer update over that many micro-batches)."""
+  return config.batch_size * config.optim.get("grad_accum_steps", 1)
+
+
 def resolved_task(config) -> str:
   """The task to build (jaxencoder.tasks.registry.resolve): config.task with its options
   folded in (task mlm + sentence_pair sop -> "mlm_sop")."""

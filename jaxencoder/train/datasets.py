@@ -19,6 +19,7 @@ from jaxencoder.data.readers import DataError
 from jaxencoder.io.paths import as_path
 from jaxencoder.tasks import masked_lm, registry
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
+from jaxencoder.train.config import rows_per_step
 
 TEXT_KINDS = builders.TEXT_KINDS
 
@@ -201,7 +202,7 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
   if data_cfg.test_split:
     test_src = sources.open_source(name, data_cfg.test_split, as_path(data_cfg.data_dir) / "tfds")
     make_test = lambda: build(test_src, config.eval_batch_size, 1, False)  # noqa: E731
-  return Pipelines(build(train_src, config.batch_size, None, True),
+  return Pipelines(build(train_src, rows_per_step(config), None, True),
                    lambda: build(eval_src, config.eval_batch_size, 1, False),
                    num_classes, tok, train_workers, make_test)
 

@@ -291,7 +291,8 @@ def _stop(run: Run, signals: StopSignals) -> Preempted:
 def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   config = run.config
   stepper = make_stepper(config.parallelism, run.task, run.tx, rng_key(config, 1),
-                         run.shardings, run.mesh, run.rules, run.state, peek(run.train_iter))
+                         run.shardings, run.mesh, run.rules, run.state, peek(run.train_iter),
+                         micro_batches=config.optim.grad_accum_steps)
   eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
   start = int(run.state.step)
   startup = _log_startup(run, stepper, resumed=start > 0)
@@ -380,7 +381,7 @@ def _log_train(run: Run, window, done: int, tick: float, batch, flops, bar,
           if k not in ("grad_norm", "loss")}  # every metric of the window, as eval's
   values = run.task.summarize(sums)
   values["grad_norm"] = float(np.mean([w["grad_norm"] for w in host]))
-  values["learning_rate"] = float(run.schedule(done))
+  values["learning_rate"] = float(run.schedule(done - 1))  # what update `done` applied
   mask = batch.get("attention_mask")  # this process's rows of the global batch
   tokens = int(np.prod(mask.shape)) * jax.process_count() if mask is not None else 0
   examples = int(next(iter(batch.values())).shape[0]) * jax.process_count()

@@ -13,11 +13,11 @@ Config keys (defaults in `default_optim_config()`; unknown keys raise):
                     | "constant". All start with a linear warmup from 0 over
                     warmup_steps; total_steps must exceed warmup_steps for linear/cosine.
   grad_clip_norm    global-norm clipping of the trainable grads; 0 or None disables.
-  grad_accum_steps  k > 1 wraps everything in optax.MultiSteps: update() returns zeros
-                    for k - 1 calls, then applies the mean of the k grads. The state is
-                    then an optax.MultiStepsState: `gradient_step` counts applied updates
-                    (the step to pass to the schedule), `update_applied(state)` tells
-                    whether the last update() changed the params.
+  grad_accum_steps  k: each step is one update over k micro-batches of batch_size rows
+                    (train/steps.train_step sums their losses and weights, then
+                    divides once: the update of one k x batch_size batch). Read by the
+                    training side; the optimizer itself sees one gradient per step, so
+                    warmup and the schedule count updates.
   layer_decay       None or d in (0, 1]: LR x d ** distance, distance 0 above the stack
                     (heads, pooler, final_norm, shared relative_bias), N - i for layer i,
                     N + 1 for `embeddings`. Looped (`layers_{i}`) and scanned (`layers`,
@@ -80,8 +80,6 @@ def make_optimizer(cfg: Mapping[str, Any], params, *, num_layers: int
       tree)
   tx = optax.partition({"trainable": optax.chain(*steps), "frozen": optax.set_to_zero()},
                        labels)
-  if opts.grad_accum_steps > 1:
-    tx = optax.MultiSteps(tx, every_k_schedule=opts.grad_accum_steps).gradient_transformation()
   return tx, lr_fn
 
 
@@ -130,13 +128,6 @@ def weight_decay_mask(params, cfg: Mapping[str, Any]):
   """Per leaf: True where decoupled weight decay applies."""
   opts = _resolve(cfg)
   return jax.tree_util.tree_map_with_path(lambda path, x: _leaf_decays(path, x, opts), params)
-
-
-def update_applied(opt_state) -> jax.Array:
-  """Whether the last update() changed params (False on accumulation micro-steps)."""
-  if isinstance(opt_state, optax.MultiStepsState):
-    return opt_state.mini_step == 0
-  return jnp.array(True)
 
 
 def path_str(path) -> str:
@@ -250,6 +241,8 @@ def _resolve(cfg: Mapping[str, Any]) -> ml_collections.ConfigDict:
   if unknown:
     raise ValueError(f"unknown optimizer config keys {unknown}; allowed: {sorted(defaults)}")
   opts = ml_collections.ConfigDict({**defaults, **given})
+  if not isinstance(opts.grad_accum_steps, int) or opts.grad_accum_steps < 1:
+    raise ValueError(f"grad_accum_steps must be an integer >= 1, got {opts.grad_accum_steps!r}")
   if opts.layer_decay is not None and not 0.0 < opts.layer_decay <= 1.0:
     raise ValueError(f"layer_decay must be None or in (0, 1], got {opts.layer_decay}")
   return opts

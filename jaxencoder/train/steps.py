@@ -95,22 +95,57 @@ def abstract_state(task: Task, tx, example_batch, mesh: Mesh, rules, *,
                       shapes, shardings)
 
 
-def train_step(state: TrainState, batch: dict[str, jax.Array], *, task: Task,
-               tx: optax.GradientTransformation, base_rng: jax.Array,
-               axis_name: str | None = None):
-  """One optimizer step. Returns (new state, metric sums incl. grad_norm and loss).
+def split_micro_batches(batch: dict[str, jax.Array], k: int) -> dict[str, jax.Array]:
+  """[k * B, ...] -> [k, B, ...]: micro-batch j holds rows j, j + k, j + 2k, ... so each
+  device's contiguous block of rows splits into k local pieces (no data moves)."""
+  def split(x):
+    if x.shape[0] % k:
+      raise ValueError(f"a batch of {x.shape[0]} rows does not split into {k} micro-batches")
+    return jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
+  return jax.tree.map(split, batch)
 
-  Gradients are those of sum(loss) / sum(weight) over the whole batch. `axis_name`
-  (pmap compatibility, see train/parallel.py) psums each device's gradient and metric
-  sums first, so the update equals the jit path's for the same global batch.
-  """
-  rng = jax.random.fold_in(base_rng, state.step)
 
-  def loss_sum(params):
+def summed_gradients(task: Task, params, batch: dict[str, jax.Array], rng, *,
+                     micro_batches: int = 1):
+  """(gradients of sum(loss), metric sums) over the batch; with k micro-batches, the k
+  sums of a scan over them (one micro-batch's activations live at a time), micro-batch j
+  drawing its dropout from fold_in(rng, j)."""
+  def loss_sum(params, batch, rng):
     _, sums = task.loss_fn(params, batch, rng, True)
     return sums["loss_sum"], sums
 
-  (_, sums), grads = jax.value_and_grad(loss_sum, has_aux=True)(state.params)
+  grad_fn = jax.value_and_grad(loss_sum, has_aux=True)
+  if micro_batches == 1:
+    (_, sums), grads = grad_fn(params, batch, rng)
+    return grads, sums
+
+  def accumulate(carry, micro):
+    j, micro_batch = micro
+    (_, sums), grads = grad_fn(params, micro_batch, jax.random.fold_in(rng, j))
+    return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+  micro = (jnp.arange(micro_batches), split_micro_batches(batch, micro_batches))
+  first_batch = jax.tree.map(lambda x: x[0], micro[1])
+  (_, sums_shape), grads_shape = jax.eval_shape(grad_fn, params, first_batch, rng)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (grads_shape, sums_shape))
+  (grads, sums), _ = jax.lax.scan(accumulate, zeros, micro)
+  return grads, sums
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], *, task: Task,
+               tx: optax.GradientTransformation, base_rng: jax.Array,
+               axis_name: str | None = None, micro_batches: int = 1):
+  """One optimizer step. Returns (new state, metric sums incl. grad_norm and loss).
+
+  Gradients are those of sum(loss) / sum(weight) over the whole batch: with
+  `micro_batches=k` (optim.grad_accum_steps) the batch of k x B rows runs as k
+  micro-batches whose summed losses and weights are divided once, so the update is the
+  one a single batch of k x B rows makes. `axis_name` (pmap compatibility, see
+  train/parallel.py) psums each device's gradient and metric sums first, so the update
+  equals the jit path's for the same global batch.
+  """
+  rng = jax.random.fold_in(base_rng, state.step)
+  grads, sums = summed_gradients(task, state.params, batch, rng, micro_batches=micro_batches)
   if axis_name is not None:
     grads, sums = jax.lax.psum((grads, sums), axis_name)
   weight = jnp.maximum(sums["loss_weight"], 1.0)
@@ -136,9 +171,11 @@ def eval_step(params, batch: dict[str, jax.Array], *, task: Task):
   return sums
 
 
-def jit_train_step(task: Task, tx, base_rng, shardings: TrainState, mesh: Mesh):
+def jit_train_step(task: Task, tx, base_rng, shardings: TrainState, mesh: Mesh, *,
+                   micro_batches: int = 1):
   """train_step jitted with explicit in/out shardings and the state donated."""
-  step = lambda state, batch: train_step(state, batch, task=task, tx=tx, base_rng=base_rng)
+  step = lambda state, batch: train_step(state, batch, task=task, tx=tx, base_rng=base_rng,
+                                         micro_batches=micro_batches)
   batch_sharding = sharding_lib.batch_sharding(mesh)
   return jax.jit(step, in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, None), donate_argnums=0)
