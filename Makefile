@@ -19,8 +19,10 @@ install: $(STAMP)
 
 # Tests run on 8 virtual CPU devices so mesh code is exercised without accelerators
 # (tests/conftest.py sets them for plain pytest too; a mesh test without them fails).
-# `slow` tests (subprocess, multi-process, kill-and-resume runs, whole-model TPU compiles)
-# are `make test-slow`, CI's own step.
+# `make test` stays within 10 minutes on 2 cores with a cold compile cache: `slow` tests
+# (subprocess, multi-process, kill-and-resume runs, trainings through the loop, every
+# config, whole-model TPU compiles, further cases of a compile family) are `make test-slow`,
+# CI's own step.
 test: $(STAMP)
 	XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu \
 	  $(PY) -m pytest -n 2 -q --strict-markers --durations=25 -m "not slow" tests

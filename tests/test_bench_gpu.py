@@ -102,6 +102,7 @@ def test_a_contender_past_its_timeout_is_killed_and_recorded(tmp_path):
   assert "| timeout |" in report
 
 
+@pytest.mark.slow
 def test_no_contender_starts_past_the_deadline_but_the_table_is_written(tmp_path):
   records, report, _ = run_bench(tmp_path, "--deadline", "0")
   statuses = [r["status"] for r in records if r["record"] == "contender"]
@@ -157,6 +158,7 @@ def test_ratios_are_against_torch_compile_at_the_same_shape():
                    ("512 x 64", "torch_compile"): "1.00", ("512 x 64", "jaxencoder"): "2.00"}
 
 
+@pytest.mark.slow
 def test_dry_run_prints_a_command_per_contender_and_shape():
   proc = subprocess.run([os.path.join(REPO, "bench", "gpu.sh"), "--dry-run"], capture_output=True,
                         text=True, env=dict(os.environ, PY=sys.executable))
@@ -165,6 +167,7 @@ def test_dry_run_prints_a_command_per_contender_and_shape():
   assert len(commands) == 8 and all("--attention auto --rng-impl rbg" in c for c in commands)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
 def test_gpu_sh_refuses_to_run_without_a_gpu():
   proc = subprocess.run([os.path.join(REPO, "bench", "gpu.sh")], capture_output=True, text=True,

@@ -30,6 +30,7 @@ def test_every_tool_has_a_script_and_a_twin():
     assert callable(getattr(importlib.import_module(module), func))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["jaxencoder-train", "jaxencoder-convert", "jaxencoder-probe",
                                     "jaxencoder-compile"])
 def test_installed_script_prints_its_usage(script):

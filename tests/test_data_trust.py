@@ -219,6 +219,7 @@ def test_training_batches_are_checked_against_the_model_vocab(tmp_path):
     next(iter(pipelines.train))
 
 
+@pytest.mark.slow
 def test_prepare_is_quiet_and_the_cli_says_up_to_date_on_a_second_run(tmp_path, capsys,
                                                                        info_logs):
   src = _csv(tmp_path, "text,label\nthe cat,yes\n")

@@ -169,6 +169,7 @@ def seq2seq_run(corpus, tmp_path_factory):
   return workdir, train_and_evaluate(seq2seq_config(*corpus, 3), workdir)
 
 
+@pytest.mark.slow
 def test_seq2seq_config_trains_and_evaluates_greedy_decodes(seq2seq_run):
   workdir, metrics = seq2seq_run
   assert {"loss", "accuracy", "exact_match", "greedy_accuracy"} <= set(metrics)
@@ -177,6 +178,7 @@ def test_seq2seq_config_trains_and_evaluates_greedy_decodes(seq2seq_run):
   assert [r["step"] for r in evals] == [3] and np.isfinite(evals[0]["loss"])
 
 
+@pytest.mark.slow
 def test_seq2seq_checkpoint_encoder_loads_into_a_classifier(corpus, seq2seq_run, tmp_path):
   root, source, vocab = corpus
   workdir, _ = seq2seq_run
@@ -191,6 +193,7 @@ def test_seq2seq_checkpoint_encoder_loads_into_a_classifier(corpus, seq2seq_run,
   jax.tree.map(np.testing.assert_array_equal, after["encoder"], trained["encoder"])
 
 
+@pytest.mark.slow
 def test_seq2seq_checkpoint_encoder_loads_into_the_probe_cli(seq2seq_run, tmp_path):
   from jaxencoder.probing import __main__ as probe
   workdir, _ = seq2seq_run
@@ -206,6 +209,7 @@ def test_seq2seq_checkpoint_encoder_loads_into_the_probe_cli(seq2seq_run, tmp_pa
   assert len(report["probes"]["linear"]["layers"]) == cfg.num_layers + 1
 
 
+@pytest.mark.slow
 def test_seq2seq_learns_to_restore_memorised_sentences(tmp_path):
   """Three sentences, shuffled afresh each epoch: greedy decoding must restore them."""
   source = th.text_corpus(tmp_path, docs=90, distinct=3, name="three")

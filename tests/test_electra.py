@@ -15,7 +15,7 @@ import pytest
 
 import train_helpers as th
 from data_helpers import VOCAB, WORDS
-from conftest import random_ids, tiny_config
+from conftest import fast_first, random_ids, tiny_config
 from jaxencoder.data import builders
 from jaxencoder.electra import Electra, generator_config, replace_tokens
 from jaxencoder.encoder import EMBEDDINGS, ENCODER, Encoder
@@ -93,7 +93,7 @@ def test_no_gradient_reaches_the_generator_logits_through_the_draw():
   assert not np.any(np.asarray(grad))
 
 
-@pytest.mark.parametrize("max_predictions", [0, 5])
+@pytest.mark.parametrize("max_predictions", fast_first([0, 5]))
 def test_discriminator_loss_reaches_the_generator_only_through_the_shared_table(max_predictions):
   cfg = tiny_config(num_layers=1)
   batch = mlm_batch()
@@ -143,6 +143,7 @@ def test_loss_is_generator_mlm_plus_50_times_discriminator_bce():
                              -(q * np.log(q) + (1 - q) * np.log(1 - q)), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_config_options_reach_the_electra_task(tmp_path):
   """--config.electra.generator_scale / discriminator_weight are what the task uses."""
   config = electra_config(tmp_path, th.text_corpus(tmp_path), th.write_vocab(tmp_path))
@@ -192,6 +193,7 @@ def electra_config(root, source, vocab, **overrides):
   return config
 
 
+@pytest.mark.slow
 def test_electra_loss_falls_on_shakespeare(tmp_path):
   source, vocab = shakespeare_slice(tmp_path)
   config = electra_config(tmp_path, source, vocab, num_train_steps=40, log_every=5,
@@ -205,6 +207,7 @@ def test_electra_loss_falls_on_shakespeare(tmp_path):
   assert 0.0 < metrics["replaced_fraction"] < 0.3
 
 
+@pytest.mark.slow
 def test_init_from_an_electra_run_loads_the_discriminator(tmp_path):
   vocab = th.write_vocab(tmp_path)
   config = electra_config(tmp_path, th.text_corpus(tmp_path), vocab, num_train_steps=2,

@@ -100,6 +100,7 @@ def inject(monkeypatch, phase):
     monkeypatch.setattr(loop, "setup", signalling_setup)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["data loading", "logging", "eval", "async save in flight"])
 def test_sigterm_in_any_phase_saves_the_finished_step_and_resumes(corpus, tmp_path, monkeypatch,
                                                                   phase):
@@ -125,6 +126,7 @@ def test_sigterm_in_any_phase_saves_the_finished_step_and_resumes(corpus, tmp_pa
   assert train_steps == sorted(set(train_steps)) and train_steps[-1] == durable + 3
 
 
+@pytest.mark.slow
 def test_sigint_also_stops_with_a_checkpoint(corpus, tmp_path, monkeypatch):
   at_step = lambda run, *a, **k: int(run.state.step) == STOP_AT
   monkeypatch.setattr(loop, "evaluate", before(loop.evaluate, at_step, signal.SIGINT))
@@ -210,6 +212,7 @@ def train_elsewhere(corpus, workdir, steps):
   assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_step(corpus, tmp_path, damage,
                                                                      caplog):
@@ -226,6 +229,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_step(corpus, tmp
   assert train_steps == list(range(1, 7))  # steps 3, 4 retrained and logged once
 
 
+@pytest.mark.slow
 def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(corpus, tmp_path):
   loop.train_and_evaluate(short_config(corpus, steps=4), tmp_path)
   for step in (2, 4):
@@ -237,6 +241,7 @@ def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(corpus, tmp_path
 
 # Config changes on resume.
 
+@pytest.mark.slow
 def test_resuming_with_another_model_names_the_fields(corpus, tmp_path):
   loop.train_and_evaluate(short_config(corpus, steps=2), tmp_path)
   changed = short_config(corpus, steps=4)
@@ -246,6 +251,7 @@ def test_resuming_with_another_model_names_the_fields(corpus, tmp_path):
     loop.train_and_evaluate(changed, tmp_path)
 
 
+@pytest.mark.slow
 def test_resuming_with_a_longer_schedule_warns_and_continues(corpus, tmp_path, caplog):
   loop.train_and_evaluate(short_config(corpus, steps=2), tmp_path)
   longer = short_config(corpus, steps=4)
@@ -266,6 +272,7 @@ def train_py(tmp_path, *args, config="configs/mlm_tiny.py"):
   return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
     (["--config.log_every=0"], "error: log_every must be a positive integer, got 0"),
     (["--config.checkpoint_every=0"], "error: checkpoint_every must be a positive integer"),
@@ -278,6 +285,7 @@ def test_bad_flags_print_one_line_and_exit_2(tmp_path, args, message):
   assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_json_config_file_is_refused_by_name(tmp_path):
   (tmp_path / "c.json").write_text("{}")
   result = train_py(tmp_path, config=str(tmp_path / "c.json"))
@@ -285,6 +293,7 @@ def test_a_json_config_file_is_refused_by_name(tmp_path):
   assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_run_shorter_than_its_warmup_trains_with_a_clipped_warmup(corpus, tmp_path, caplog):
   config = short_config(corpus, steps=3)
   config.optim.warmup_steps = 100
@@ -295,6 +304,7 @@ def test_a_run_shorter_than_its_warmup_trains_with_a_clipped_warmup(corpus, tmp_
   assert RunDir.open(tmp_path).latest_step() == 3
 
 
+@pytest.mark.slow
 def test_the_config_checked_on_resume_is_that_of_the_step_restored(corpus, tmp_path):
   """Step 4 damaged and saved with another mask rate; step 2 intact and saved with this
   config: the run resumes from step 2, checked against step 2's config (reading step 4's

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import random_ids, tiny_config
+from conftest import fast_first, random_ids, tiny_config
 from jaxencoder import Encoder
 from jaxencoder import flash
 from jaxencoder.attention import xla_attention
@@ -49,9 +49,9 @@ def _assert_same(cfg_overrides, ids=None, atol=2e-5, **kwargs):
                ref_grads)
 
 
-@pytest.mark.parametrize("overrides", [
+@pytest.mark.parametrize("overrides", fast_first([
     dict(), dict(position_embedding="rope"), dict(causal=True), dict(sliding_window=3),
-    dict(causal=True, sliding_window=2, scan_layers=True)],
+    dict(causal=True, sliding_window=2, scan_layers=True)]),
     ids=["padding", "rope", "causal", "window", "causal-window-scan"])
 def test_splash_matches_xla_outputs_and_gradients(overrides):
   _assert_same(overrides, attention_mask=MASK_BxL)

@@ -195,6 +195,7 @@ def _init(task, batch):
   return nn.meta.unbox(params)
 
 
+@pytest.mark.slow
 def test_multiple_choice_scores_each_choice_on_its_own():
   task = registry.make_task("multiple_choice", tiny_config(num_layers=1))
   ids = random_ids(0, (2, 3, 7))
@@ -213,6 +214,7 @@ def test_multiple_choice_scores_each_choice_on_its_own():
   np.testing.assert_allclose(loss, ce, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_supervised_pairs_embed_each_text_as_alone():
   task = registry.make_task("contrastive", tiny_config(num_layers=1), projection_dim=16)
   ids = random_ids(1, (4, 3, 6))

@@ -31,6 +31,7 @@ def _init(cfg):
   return nn.meta.unbox(Encoder(cfg).init(jax.random.key(0), images)["params"])
 
 
+@pytest.mark.slow
 def test_a_strided_stem_sets_the_token_grid():
   cfg = _stem_vit()
   assert cfg.image_stride == 4 and cfg.patch_grid == (7, 7)

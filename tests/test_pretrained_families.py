@@ -193,6 +193,7 @@ def test_position_offset_shortens_the_longest_input():
     Encoder(cfg).apply({"params": params}, jnp.ones((1, 7), jnp.int32))
 
 
+@pytest.mark.slow
 def test_embedding_dim_projects_narrow_tables_and_trains():
   cfg = tiny_config(embedding_dim=16)
   ids_BxL = jnp.array([[5, 6, 7, 8, 9]])

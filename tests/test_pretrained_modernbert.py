@@ -373,6 +373,7 @@ def test_live_a_jaxencoder_trained_model_saves_as_a_matching_transformers_model(
 
 
 # ------------------------------------------------------------------ trained here, exported
+@pytest.mark.slow
 def test_configs_modernbert_tiny_trains_without_token_types_and_exports(tmp_path):
   """configs/modernbert_tiny.py's architecture (no type table: the pipeline feeds no
   token_type_ids) trains from train.py's loop, and the run converts to a ModernBERT

@@ -143,7 +143,7 @@ def test_cli_on_a_tiny_checkpoint_writes_the_report_and_plots(model, tmp_path):
 
 
 def test_cli_reads_a_hugging_face_bert_directory(model, tmp_path):
-  pretrained = pytest.importorskip("jaxencoder.pretrained")
+  from jaxencoder import pretrained
   from jaxencoder.probing import __main__ as probe
   cfg, params, tok = model
   pretrained.save(tmp_path / "hf", cfg, params, tok)
@@ -159,7 +159,7 @@ def test_cli_reads_a_hugging_face_bert_directory(model, tmp_path):
 
 
 def test_cli_refuses_data_too_small_to_split(model, tmp_path, capsys):
-  pretrained = pytest.importorskip("jaxencoder.pretrained")
+  from jaxencoder import pretrained
   from jaxencoder.probing import __main__ as probe
   cfg, params, tok = model
   pretrained.save(tmp_path / "hf", cfg, params, tok)
@@ -197,8 +197,9 @@ def test_read_dataset_takes_csv_columns_by_name_or_a_headerless_file(tmp_path):
   assert dataset.sentences == ["the cat", "a dog"] and dataset.labels == ["pos", "neg"]
 
 
+@pytest.mark.slow
 def test_cli_max_len_extends_a_pretrained_table_for_longer_sentences(model, tmp_path, caplog):
-  pretrained = pytest.importorskip("jaxencoder.pretrained")
+  from jaxencoder import pretrained
   from jaxencoder.probing import __main__ as probe
   cfg, params, tok = model  # a 64-row position table
   pretrained.save(tmp_path / "hf", cfg, params, tok)

@@ -157,6 +157,7 @@ def vit_fashion_mnist_tiny(root: pathlib.Path):
   return config
 
 
+@pytest.mark.slow
 def test_an_image_run_probes_via_checkpoint(tmp_path):
   config = vit_fashion_mnist_tiny(tmp_path)
   train_and_evaluate(config, tmp_path / "run")

@@ -41,6 +41,7 @@ def run_dir(tmp_path_factory):
   return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_readme_example_runs_alone_and_prints_what_it_promises(index, run_dir):
   block = python_blocks()[index]

@@ -25,6 +25,7 @@ def config_for(corpus, rng_impl: str, steps: int, **model):
   return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rng_impl", ["rbg", "unsafe_rbg"])
 def test_a_seed_reproduces_a_run_bit_exactly(corpus, tmp_path, rng_impl):
   config = config_for(corpus, rng_impl, 3)
@@ -43,6 +44,7 @@ def test_initial_params_do_not_depend_on_rng_impl(corpus, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.slow
 def test_rbg_drops_other_units_than_threefry_from_the_same_state(corpus, tmp_path, caplog):
   """Resumed from one checkpoint (rng_impl may change on resume, with a warning), the
   two implementations' dropout masks give different losses."""
@@ -56,6 +58,7 @@ def test_rbg_drops_other_units_than_threefry_from_the_same_state(corpus, tmp_pat
   assert all(s != t for s, t in zip(switched[2:], threefry[2:]))
 
 
+@pytest.mark.slow
 def test_pmap_runs_with_rbg_keys_and_hands_its_checkpoint_to_jit(corpus, tmp_path):
   config = config_for(corpus, "rbg", 2)
   config.parallelism = "pmap"

@@ -27,6 +27,7 @@ def classify_run(tmp_path_factory):
   return root, metrics
 
 
+@pytest.mark.slow
 def test_predictions_agree_with_the_runs_own_eval(classify_run):
   root, metrics = classify_run
   rows = [line.rsplit(",", 1) for line in (root / "cls" / "test.csv").read_text().splitlines()[1:]]
@@ -38,6 +39,7 @@ def test_predictions_agree_with_the_runs_own_eval(classify_run):
   assert accuracy == pytest.approx(metrics["accuracy"])  # same model, same 16 examples
 
 
+@pytest.mark.slow
 def test_a_prediction_does_not_depend_on_its_batch(classify_run):
   root, _ = classify_run
   p = predict.load(root / "run")
@@ -47,6 +49,7 @@ def test_a_prediction_does_not_depend_on_its_batch(classify_run):
   assert together == alone
 
 
+@pytest.mark.slow
 def test_embeddings_of_an_mlm_run_are_its_pooled_encoder_outputs(mlm_run):
   config = mlm_run.config
   p = predict.load(mlm_run.workdir)
@@ -59,6 +62,7 @@ def test_embeddings_of_an_mlm_run_are_its_pooled_encoder_outputs(mlm_run):
   assert vectors_NxD.shape == (2, config.model.emb_dim)
 
 
+@pytest.mark.slow
 def test_plots_of_the_logged_metrics(classify_run, tmp_path):
   root, _ = classify_run
   paths = plots.plot_metrics(root / "run", tmp_path)
@@ -66,6 +70,7 @@ def test_plots_of_the_logged_metrics(classify_run, tmp_path):
   assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
 
 
+@pytest.mark.slow
 def test_eval_only_reports_the_stored_run_without_writing(classify_run):
   root, metrics = classify_run
   before = read_metrics(root / "run")

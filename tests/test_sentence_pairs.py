@@ -110,6 +110,7 @@ def test_whole_word_ids_stay_apart_across_the_pair():
                                 [-1, 0, 0, 1, -1, 2, 3, 3, -1])
 
 
+@pytest.mark.slow
 def test_pair_loss_is_mlm_plus_pair_cross_entropy():
   cfg = tiny_config(pooler_dense=True)
   ids = random_ids(0, (4, 10), low=5)
@@ -162,6 +163,7 @@ def test_packing_sentence_pairs_is_refused(tmp_path):
     make_pipelines(finalize(config))
 
 
+@pytest.mark.slow
 def test_sentence_pair_is_an_option_of_mlm_and_keeps_max_predictions(tmp_path):
   """task mlm + sentence_pair nsp: pair batches, and the task predicts at most
   max_predictions masked tokens per row (the rest counted as dropped)."""
@@ -186,6 +188,7 @@ def test_sentence_pair_on_another_task_is_an_error(tmp_path):
     finalize(config)
 
 
+@pytest.mark.slow
 def test_sop_training_learns_the_order(tmp_path):
   config = pair_config(tmp_path, num_train_steps=60, log_every=10, eval_every=60,
                        checkpoint_every=60)

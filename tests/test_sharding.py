@@ -140,6 +140,7 @@ def test_scalars_and_the_step_are_replicated(mesh_state):
   assert counts and all(x.sharding.is_fully_replicated for x in counts)
 
 
+@pytest.mark.slow
 def test_dims_the_mesh_does_not_divide_stay_whole():
   """97 ids over 8 or 2 tensor shards, 4 heads over 8: left unsharded, not an error."""
   _, _, _, state = make_state((1, 1, 8), vocab_size=97)
@@ -172,6 +173,7 @@ def test_params_are_created_sharded_without_a_host_copy(monkeypatch):
   assert len(kernel.addressable_shards) == 8 and shard_shape(kernel) == (4, 64)
 
 
+@pytest.mark.slow
 def test_train_step_donates_its_state():
   task, tx, mesh, state = make_state((2, 2, 2))
   shardings = steps.state_shardings(task, tx, mlm_batch(), mesh, RULES)
@@ -239,6 +241,7 @@ def test_unnamed_leaves_replicate_and_rules_come_from_config_lists():
   assert rules == (("act_batch", ("data", "fsdp")), ("embed", "fsdp"), ("kv", None))
 
 
+@pytest.mark.slow
 def test_cpu_devices_splits_the_host_before_jax_starts_and_says_when_it_cannot():
   """config.cpu_devices: 3 devices when set first; once JAX has computed, a warning."""
   script = """

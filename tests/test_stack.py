@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import jit_model, random_ids, tiny_config
+from conftest import fast_first, jit_model, random_ids, tiny_config
 from jaxencoder import Encoder, loop_to_scan, scan_to_loop
 from jaxencoder.tasks import registry
 from jaxencoder.train.config import encoder_config, finalize
@@ -49,6 +49,7 @@ def test_scan_equals_loop_in_outputs_and_gradients(batch):
       scan_to_loop(grads_scan), grads_loop)
 
 
+@pytest.mark.slow
 def test_scan_intermediates_match_loop(batch):
   ids, mask = batch
   cfg = tiny_config(num_layers=3)
@@ -69,7 +70,7 @@ def test_layout_round_trip_is_exact():
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
-@pytest.mark.parametrize("policy", ["full", "save_dots", "save_dots_no_batch"])
+@pytest.mark.parametrize("policy", fast_first(["full", "save_dots", "save_dots_no_batch"]))
 def test_remat_matches_no_remat(batch, scan_layers, policy):
   ids, mask = batch
   cfg = tiny_config(scan_layers=scan_layers)
@@ -131,14 +132,15 @@ def _memorise(cfg, steps: int = 40) -> tuple[float, float]:
   return losses[0], losses[-1]
 
 
-@pytest.mark.parametrize("norm_position, norm", [("post", "layernorm"), ("pre", "layernorm"),
-                                                 ("pre", "rmsnorm")])
+@pytest.mark.parametrize("norm_position, norm", fast_first([("post", "layernorm"), ("pre", "layernorm"),
+                                                            ("pre", "rmsnorm")]))
 def test_both_norm_placements_learn_a_memorisation_task(norm_position, norm):
   first, last = _memorise(tiny_config(norm_position=norm_position, norm=norm))
   assert first > 1.4  # ~log(5) at start
   assert last < 0.1 * first
 
 
+@pytest.mark.slow
 def test_every_activation_runs_in_the_encoder_and_differs():
   """Same params, another activation: other outputs (each formula: test_activations_and_norms).
   Weights of std 0.5 put pre-activations at O(1), where gelu and its tanh form part (at
@@ -157,16 +159,15 @@ def test_every_activation_runs_in_the_encoder_and_differs():
     assert np.abs(outs[a] - outs[b]).max() > 1e-4, (a, b)
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(), dict(norm_position="pre"), dict(position_embedding="rope"),
+@pytest.mark.parametrize("overrides", fast_first([
+    dict(), dict(scan_layers=True, num_layers=3, norm_position="pre"), dict(norm_position="pre"), dict(position_embedding="rope"),
     dict(position_embedding="relative"), dict(attention_impl="fused"),
     dict(attention_impl="linear"), dict(remat_policy="full"), dict(pooler_dense=True),
     dict(scan_layers=True), dict(pooling="mean"),
-    dict(scan_layers=True, num_layers=1), dict(scan_layers=True, num_layers=3, norm_position="pre"),
-    dict(scan_layers=True, position_embedding="rope"),
+    dict(scan_layers=True, num_layers=1), dict(scan_layers=True, position_embedding="rope"),
     dict(scan_layers=True, remat_policy="save_dots"),
     dict(scan_layers=True, remat_policy="full", position_embedding="relative"),
-])
+], 2))
 def test_output_positions_equal_the_full_states_at_those_rows(overrides):
   """The sparse last block (or the gather fallback) changes no value nor gradient; for the
   scanned stack, gradients reach all N slices of the stored [N] params."""
@@ -211,7 +212,7 @@ def test_output_positions_skip_work_in_the_last_block():
   assert _forward_flops(cfg, ids, rows) < 0.5 * _forward_flops(cfg, ids, None)
 
 
-@pytest.mark.parametrize("num_layers", [1, 2])
+@pytest.mark.parametrize("num_layers", fast_first([1, 2]))
 def test_scanned_stack_also_skips_work_in_the_last_block(num_layers):
   """With at most 2 layers the sparse scan runs at most 1 step before the last block, so
   XLA's count is exact: it must equal the looped stack's sparse count."""
@@ -225,6 +226,7 @@ def test_scanned_stack_also_skips_work_in_the_last_block(num_layers):
     assert sparse < 0.5 * _forward_flops(cfg.replace(scan_layers=True), ids, None)
 
 
+@pytest.mark.slow
 def test_scanned_sparse_path_takes_plain_params_and_draws_dropout():
   cfg = tiny_config(num_layers=3, scan_layers=True, remat_policy="full", dropout_rate=0.3,
                     attention_dropout_rate=0.3)
@@ -248,6 +250,7 @@ def _load_config(name: str):
   return finalize(module.get_config())
 
 
+@pytest.mark.slow
 def test_bert_base_mlm_config_gets_the_sparse_last_block():
   """configs/mlm_bert_base.py scans its layers and gathers MLM logits (auto max_predictions);
   shrunk to one layer, its MLM loss costs what the looped stack's sparse path does."""

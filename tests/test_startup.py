@@ -106,6 +106,7 @@ train_and_evaluate(config, {workdir!r})
 """
 
 
+@pytest.mark.slow
 def test_a_training_run_caches_its_programs_in_compilation_cache_dir(corpus, tmp_path):
   """A fresh process without JAX's own setting (conftest's removed): a 1-step run on
   1 device."""
@@ -122,6 +123,7 @@ def test_a_training_run_caches_its_programs_in_compilation_cache_dir(corpus, tmp
   assert len(names) >= 3, names  # state init, train step, eval step (at least)
 
 
+@pytest.mark.slow
 def test_setup_and_compile_seconds_are_logged_and_written_once(corpus, tmp_path, caplog):
   root, source, vocab = corpus
   config = th.tiny_config(root, source, vocab)

@@ -19,6 +19,7 @@ def registered(monkeypatch):
   yield length_task.FAMILY
 
 
+@pytest.mark.slow
 def test_a_new_task_trains_evaluates_and_predicts(registered, tmp_path):
   config = th.tiny_config(tmp_path, th.text_corpus(tmp_path), th.write_vocab(tmp_path),
                           num_layers=1)

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import random_ids, tiny_config
+from conftest import fast_first, random_ids, tiny_config
 from jaxencoder.tasks import base, classification, registry
 
 
@@ -27,7 +27,7 @@ def test_weighted_ce_matches_optax_and_argmax():
   np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("scan_layers", fast_first([False, True]))
 def test_mlm_at_masked_positions_equals_full_logits_loss_and_gradients(scan_layers):
   cfg = tiny_config(scan_layers=scan_layers)
   ids = random_ids(0, (3, 12))

