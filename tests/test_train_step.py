@@ -98,6 +98,32 @@ def test_micro_batches_with_different_weights_give_the_big_batch_update():
   assert not np.allclose(mean_of_means["w"], exact["w"], rtol=1e-2)
 
 
+def noisy_task() -> Task:
+  """The toy loss times a random factor drawn from the step's rng, as dropout draws masks."""
+  toy = toy_task()
+  def loss_fn(params, batch, rng, train):
+    _, sums = toy.loss_fn(params, batch, rng, train)
+    sums = {**sums, "loss_sum": sums["loss_sum"] * (1.0 + jax.random.uniform(rng))}
+    return sums["loss_sum"] / sums["loss_weight"], sums
+  return Task("noisy", nn.Dense(C), "x", loss_fn, Family())
+
+
+def test_micro_batch_j_draws_its_own_randomness():
+  """Identical micro-batches under fold_in(rng, j): the sums are those of each drawn alone,
+  so no two micro-batches share a dropout mask."""
+  half = toy_batch(4, seed=5)
+  twice = jax.tree.map(lambda x: jnp.repeat(x, 2, axis=0), half)  # rows j::2 are `half`
+  rng = jax.random.key(7)
+  grads, sums = steps.summed_gradients(noisy_task(), toy_params(), twice, rng, micro_batches=2)
+  alone = [steps.summed_gradients(noisy_task(), toy_params(), half, jax.random.fold_in(rng, j))
+           for j in range(2)]
+  np.testing.assert_allclose(sums["loss_sum"], alone[0][1]["loss_sum"] + alone[1][1]["loss_sum"],
+                             rtol=1e-6)
+  jax.tree.map(lambda g, a, b: np.testing.assert_allclose(g, a + b, rtol=1e-5, atol=1e-6),
+               grads, alone[0][0], alone[1][0])
+  assert abs(float(alone[0][1]["loss_sum"] - alone[1][1]["loss_sum"])) > 1e-3  # draws differ
+
+
 def test_a_batch_that_does_not_split_into_micro_batches_names_both_counts():
   tx = optax.sgd(1.0)
   with pytest.raises(ValueError, match="a batch of 6 rows does not split into 4 micro-batches"):
