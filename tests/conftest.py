@@ -119,17 +119,31 @@ def minilm():
 
 # ------------------------------------------------------------------ shared runs
 @pytest.fixture(scope="session")
-def mlm_run(tmp_path_factory):
-  """A finished 3-step, 3-layer tiny MLM run, trained once per test process and shared:
-  read it, never resume or write into it. `.workdir`, `.root`, `.vocab`, `.config`."""
+def mlm_run(tmp_path_factory, worker_id):
+  """A finished 3-step, 3-layer tiny MLM run, trained once per test session and shared by
+  the xdist workers (the first to take the lock trains it): read it, never resume or
+  write into it. `.workdir`, `.root`, `.vocab`, `.config`, `.metrics`."""
+  import fcntl
+  import json
   import types
 
   import train_helpers as th
   from jaxencoder.train.loop import train_and_evaluate
-  root = tmp_path_factory.mktemp("mlm_run")
-  vocab = th.write_vocab(root)
-  config = th.tiny_config(root, th.text_corpus(root), vocab, num_layers=3)
+  base = tmp_path_factory.getbasetemp()
+  root = (base if worker_id == "master" else base.parent) / "mlm_run"
+  with open(f"{root}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    built = root / "built.json"
+    if not built.exists():
+      root.mkdir()
+      vocab, source = th.write_vocab(root), th.text_corpus(root)
+      config = th.tiny_config(root, source, vocab, num_layers=3)
+      config.num_train_steps = 3
+      metrics = train_and_evaluate(config, root / "run")
+      built.write_text(json.dumps({"source": source, "metrics": metrics}))
+    record = json.loads(built.read_text())
+  vocab = root / "vocab.txt"
+  config = th.tiny_config(root, record["source"], vocab, num_layers=3)
   config.num_train_steps = 3
-  metrics = train_and_evaluate(config, root / "run")
   return types.SimpleNamespace(workdir=root / "run", root=root, vocab=vocab, config=config,
-                               metrics=metrics)
+                               metrics=record["metrics"])
