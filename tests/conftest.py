@@ -129,6 +129,11 @@ def mlm_run(tmp_path_factory, worker_id):
 
   import train_helpers as th
   from jaxencoder.train.loop import train_and_evaluate
+  def config_for(source, vocab):
+    config = th.tiny_config(root, source, vocab, num_layers=3)
+    config.num_train_steps = 3
+    return config
+
   base = tmp_path_factory.getbasetemp()
   root = (base if worker_id == "master" else base.parent) / "mlm_run"
   with open(f"{root}.lock", "w") as lock:
@@ -136,14 +141,11 @@ def mlm_run(tmp_path_factory, worker_id):
     built = root / "built.json"
     if not built.exists():
       root.mkdir()
-      vocab, source = th.write_vocab(root), th.text_corpus(root)
-      config = th.tiny_config(root, source, vocab, num_layers=3)
-      config.num_train_steps = 3
-      metrics = train_and_evaluate(config, root / "run")
+      source = th.text_corpus(root)
+      metrics = train_and_evaluate(config_for(source, th.write_vocab(root)), root / "run")
       built.write_text(json.dumps({"source": source, "metrics": metrics}))
     record = json.loads(built.read_text())
   vocab = root / "vocab.txt"
-  config = th.tiny_config(root, record["source"], vocab, num_layers=3)
-  config.num_train_steps = 3
-  return types.SimpleNamespace(workdir=root / "run", root=root, vocab=vocab, config=config,
+  return types.SimpleNamespace(workdir=root / "run", root=root, vocab=vocab,
+                               config=config_for(record["source"], vocab),
                                metrics=record["metrics"])

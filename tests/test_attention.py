@@ -113,7 +113,8 @@ def test_positions_restart_per_segment():
 
 
 @pytest.mark.parametrize("position, equivariant", fast_first([
-    ("none", True), ("learned", False), ("sinusoidal", False), ("rope", False), ("relative", False)], 2))
+    ("none", True), ("learned", False), ("sinusoidal", False), ("rope", False),
+    ("relative", False)], 2))
 def test_permutation_equivariance_only_without_positions(position, equivariant):
   cfg = tiny_config(position_embedding=position, type_vocab_size=0)
   ids = random_ids(6, (1, 8))

@@ -1,5 +1,6 @@
 """Every configs/*.py runs: its docstring's train.py command, with tiny overrides (a
-1-layer, 32-wide model, short rows, one step: train, eval, save, predict) on data of the config's kind made here.
+1-layer, 32-wide model, short rows, one step: train, eval, save, predict) on data of the
+config's kind made here.
 
 A new config is picked up automatically; one whose data kind or task has no maker
 below fails here instead of rotting unnoticed.
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import train_helpers as th
+from conftest import fast_first
 from jaxencoder.train import datasets as pipelines, predict
 from jaxencoder.train.__main__ import load_config
 from jaxencoder.tasks import registry
@@ -55,8 +57,7 @@ def data_overrides(config, root: pathlib.Path) -> list[str]:
 
 
 # make test runs the default config (make train's); make test-slow runs every other one.
-@pytest.mark.parametrize("name", [name if name == "mlm_tiny" else pytest.param(name, marks=pytest.mark.slow)
-                                  for name in CONFIGS])
+@pytest.mark.parametrize("name", fast_first(sorted(CONFIGS, key=lambda name: name != "mlm_tiny")))
 def test_config_runs_its_docstring_command_with_tiny_overrides(tmp_path, name):
   path = REPO / "configs" / f"{name}.py"
   doc = path.read_text(encoding="utf-8")

@@ -132,8 +132,8 @@ def _memorise(cfg, steps: int = 40) -> tuple[float, float]:
   return losses[0], losses[-1]
 
 
-@pytest.mark.parametrize("norm_position, norm", fast_first([("post", "layernorm"), ("pre", "layernorm"),
-                                                            ("pre", "rmsnorm")]))
+@pytest.mark.parametrize("norm_position, norm", fast_first([
+    ("post", "layernorm"), ("pre", "layernorm"), ("pre", "rmsnorm")]))
 def test_both_norm_placements_learn_a_memorisation_task(norm_position, norm):
   first, last = _memorise(tiny_config(norm_position=norm_position, norm=norm))
   assert first > 1.4  # ~log(5) at start
@@ -160,7 +160,8 @@ def test_every_activation_runs_in_the_encoder_and_differs():
 
 
 @pytest.mark.parametrize("overrides", fast_first([
-    dict(), dict(scan_layers=True, num_layers=3, norm_position="pre"), dict(norm_position="pre"), dict(position_embedding="rope"),
+    dict(), dict(scan_layers=True, num_layers=3, norm_position="pre"), dict(norm_position="pre"),
+    dict(position_embedding="rope"),
     dict(position_embedding="relative"), dict(attention_impl="fused"),
     dict(attention_impl="linear"), dict(remat_policy="full"), dict(pooler_dense=True),
     dict(scan_layers=True), dict(pooling="mean"),
