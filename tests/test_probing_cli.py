@@ -179,7 +179,7 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(model):
   cfg, params, tok = model
   small = cfg.replace(vocab_size=tok.vocab_size - 1)
   with pytest.raises(ValueError, match=rf"tokenizer has {tok.vocab_size} tokens but the "
-                                       rf"model's vocabulary has {tok.vocab_size - 1}"):
+                                       rf"model's embedding table has {tok.vocab_size - 1} rows"):
     features.extract(small, params, tok, tagged_dataset([3, 4]))
 
 

@@ -100,6 +100,10 @@ def test_init_from_a_hugging_face_dir_converts_it_once_into_data_dir(tmp_path):
   cfg, params = _hf_dir(tmp_path / "hf", seed=0)
   config = base_config()
   config.init_from, config.data.data_dir = str(tmp_path / "hf"), str(tmp_path / "data")
+  with pytest.raises(ValueError, match="no tokenizer files"):  # none came along: no default
+    adopt(config)
+  config.init_from = str(tmp_path / "hf")
+  config.data.tokenizer = str(tmp_path / "vocab.txt")  # named: taken as given
   changes = adopt(config)
   assert config.init_from.startswith(str(tmp_path / "data" / "pretrained" / "hf-"))
   assert f"init_from: {tmp_path / 'hf'} -> {config.init_from}" in changes

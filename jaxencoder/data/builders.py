@@ -13,7 +13,9 @@ One `prepare(kind, source, data_dir, name=...)` call writes
 `source` and `data_dir` may be gs:// URLs (see `prepare`).
 CSV / TSV files need a header row naming the columns (`readers.Columns`).
 Label sets: a `labels.txt` (one per line) next to the files fixes the set and
-order (unknown labels then raise); otherwise it is the sorted set seen.
+order (unknown labels then raise); otherwise it is the sorted set seen. Labels are
+the strings in the files: one number spelled two ways (`1`, `1.0`) is an error, and so
+is a class (text, image or series) that an eval/test split has and the train split lacks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import tempfile
 
 import numpy as np
@@ -79,11 +82,47 @@ def _label_files(source: str) -> list[epath.Path]:
   return [labels_file] if labels_file.exists() else []
 
 
-def _label_set(cfg: SourceConfig, seen) -> list[str]:
+def _label_set(cfg: SourceConfig, seen, *, train_has_all: bool = False) -> list[str]:
+  """labels.txt's labels, else the sorted set seen. `seen()` yields (split, label, origin).
+
+  One number spelled two ways (`1` and `1.0`) is an error at the second, in labels.txt
+  as in the files. `train_has_all`: a class that only an eval/test split has is an error.
+  """
+  firsts = _first_origins(seen())
+  if train_has_all:
+    check_train_has_all(firsts)
   for labels_file in _label_files(cfg.source):
-    text = readers.read_text(labels_file, cfg.encoding)
-    return [l.strip() for l in text.splitlines() if l.strip()]
-  return sorted(set(seen()))
+    lines = readers.read_text(labels_file, cfg.encoding).splitlines()
+    named = [(l.strip(), readers.where(labels_file, no)) for no, l in enumerate(lines, 1)
+             if l.strip()]
+    readers.check_spellings(named)
+    return [label for label, _ in named]
+  return sorted({label for labels in firsts.values() for label in labels})
+
+
+def _first_origins(seen) -> dict[str, dict[str, str]]:
+  """{split: {label: where it first appears}} of (split, label, origin) triples; the
+  spellings of numbers checked across all of them."""
+  check, firsts = readers.spelling_check(), {}
+  for split, label, origin in seen:
+    check(label, origin)
+    firsts.setdefault(split, {}).setdefault(label, origin)
+  return firsts
+
+
+def check_train_has_all(firsts: dict[str, dict]) -> None:
+  """A DataError naming the first class of an eval/test split that the train split lacks
+  (where it appears): a model cannot learn it, and its examples only count as errors."""
+  train = firsts.get("train")
+  if train is None:
+    return
+  for split, labels in sorted(firsts.items()):
+    missing = [label for label in labels if label not in train]
+    if split != "train" and missing:
+      raise readers.DataError(
+          f"{labels[missing[0]]}: split {split} has class {missing[0]!r}, which the train "
+          f"split lacks ({len(missing)} such: {sorted(map(str, missing))[:5]}); add train "
+          "examples of it or drop it from that split")
 
 
 class _Builder(tfds.core.GeneratorBasedBuilder):
@@ -157,9 +196,9 @@ class TextClassification(_Builder):
                                        columns=self.cfg.columns())
 
   def _labels(self):
-    seen = lambda: (r["label"] for fs in self._groups().values() for f in fs
-                    for r in self._read(f))
-    return _label_set(self.cfg, seen)
+    seen = lambda: ((split, r["label"], r["origin"]) for split, fs in self._groups().items()
+                    for f in fs for r in self._read(f))
+    return _label_set(self.cfg, seen, train_has_all=True)
 
   def _info(self):
     return self._make_info({"text": _F.Text(), "text_b": _F.Text(),
@@ -169,7 +208,7 @@ class TextClassification(_Builder):
     labels = self.info.features["label"].names
     for f in files:
       for no, row in enumerate(self._read(f, labels)):
-        yield self._key(f"{f}:{no}"), row
+        yield self._key(f"{f}:{no}"), {k: v for k, v in row.items() if k != "origin"}
 
 
 class TaggedTokens(_Builder):
@@ -180,7 +219,7 @@ class TaggedTokens(_Builder):
     return super().inputs(cfg) + _label_files(cfg.source)
 
   def _tags(self):
-    seen = lambda: (t for fs in self._groups().values() for f in fs
+    seen = lambda: ((split, t, s["origin"]) for split, fs in self._groups().items() for f in fs
                     for s in readers.read_tagged(f, encoding=self.cfg.encoding)
                     for t in s["tags"])
     return _label_set(self.cfg, seen)
@@ -197,9 +236,24 @@ class TaggedTokens(_Builder):
         yield self._key(sent["origin"]), sent
 
 
+def _integer(text: str) -> int:
+  """Digits with an optional sign, exactly (int() would also take `1_0` as 10)."""
+  if not re.fullmatch(r"[+-]?[0-9]+", text):
+    raise ValueError(text)
+  return int(text)
+
+
+def _finite(text: str) -> float:
+  """A finite decimal number (float() would also take `nan`, `inf` and `1_0`)."""
+  value = float(text)
+  if "_" in text or not np.isfinite(value):
+    raise ValueError(text)
+  return value
+
+
 # text_records columns with a number type (column: (parse, dtype)); see TextRecords.
-_RECORD_FEATURES = {"target": (float, np.float32), "label": (int, np.int64),
-                    "answer_start": (int, np.int64)}
+_RECORD_FEATURES = {"target": (_finite, np.float32), "label": (_integer, np.int64),
+                    "answer_start": (_integer, np.int64)}
 
 
 class TextRecords(_Builder):
@@ -234,8 +288,8 @@ class TextRecords(_Builder):
     features = {"origin": _F.Text()}
     for name in self._columns:
       if name == "labels":
-        seen = lambda: (l for fs in self._groups().values() for f in fs for r in self._rows(f)
-                        for l in _split_labels(r["labels"]))
+        seen = lambda: ((split, l, r["origin"]) for split, fs in self._groups().items()
+                        for f in fs for r in self._rows(f) for l in _split_labels(r["labels"]))
         features[name] = _F.Sequence(_F.ClassLabel(names=_label_set(self.cfg, seen)))
       elif name in _RECORD_FEATURES:
         features[name] = _F.Scalar(dtype=_RECORD_FEATURES[name][1])
@@ -263,7 +317,8 @@ def _record(row: dict, label_names) -> dict:
         out[name] = parse(out[name].strip())
       except ValueError:
         raise readers.DataError(f"{row['origin']}: column {name!r} = {out[name]!r} is not "
-                                f"{'a number' if parse is float else 'an integer'}") from None
+                                f"{'a finite number' if parse is _finite else 'an integer'}"
+                                ) from None
   if "labels" in out:
     out["labels"] = _split_labels(out["labels"])
     unknown = [l for l in out["labels"] if l not in label_names]
@@ -290,6 +345,9 @@ class ImageArrays(_Builder):
     if len(shapes) != 1:
       raise readers.DataError(f"{self.cfg.source}: splits differ in image shape {shapes}")
     num_classes = int(max(y.max() for _, y in pairs.values())) + 1
+    check_train_has_all({split: {int(y[i]): f"{self.cfg.source}: split {split}, example {i}"
+                                 for i in np.unique(y, return_index=True)[1]}
+                         for split, (_, y) in pairs.items()})
     return self._make_info({"image": _F.Tensor(shape=shapes.pop(), dtype=np.uint8),
                             "label": _F.ClassLabel(num_classes=num_classes)})
 
@@ -313,8 +371,11 @@ class TimeSeries(_Builder):
 
   def _info(self):
     headers = [labels for labels, _ in self._read().values() if labels is not None]
-    names = headers[0] if headers else sorted(
-        {e["label"] for _, exs in self._read().values() for e in exs})
+    firsts = _first_origins((split, e["label"], e["origin"])
+                            for split, fs in self._groups().items()
+                            for f in fs for e in self._read()[f][1])
+    check_train_has_all(firsts)
+    names = headers[0] if headers else sorted({l for labels in firsts.values() for l in labels})
     channels = {exs[0]["series"].shape[1] for _, exs in self._read().values()}
     if len(channels) != 1:
       raise readers.DataError(f"{self.cfg.source}: files differ in channel count {channels}")

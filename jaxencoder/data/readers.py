@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import decimal
 import fnmatch
 import gzip
 import io
@@ -49,6 +50,34 @@ def check_not_empty(word_ids_BxL: np.ndarray, examples) -> None:
 
 def where(path, line: int | None = None) -> str:
   return f"{path}:{line}" if line is not None else f"{path}"
+
+
+def check_spellings(labels_with_origins) -> None:
+  """A DataError at the second spelling of one number among labels (`1`, then `1.0`,
+  `01` or `+1`): the same class written two ways would become two classes.
+  `labels_with_origins`: (label, "file:line") pairs."""
+  check = spelling_check()
+  for label, origin in labels_with_origins:
+    check(label, origin)
+
+
+def spelling_check() -> Callable[[str, str], None]:
+  """`check_spellings` one label at a time: check(label, origin) remembers the first
+  spelling of each number and raises at another."""
+  first: dict[decimal.Decimal, tuple[str, str]] = {}
+
+  def check(label: str, origin: str) -> None:
+    try:
+      value = decimal.Decimal(label.strip())
+    except decimal.InvalidOperation:
+      return  # not a number: a name, compared as written
+    if not value.is_finite():
+      return
+    spelled, at = first.setdefault(value, (label, origin))
+    if spelled != label:
+      raise DataError(f"{origin}: label {label!r} spells the same number as label "
+                      f"{spelled!r} ({at}); they would become two classes: write one spelling")
+  return check
 
 
 def split_of(path) -> str:
@@ -143,19 +172,22 @@ class Columns:
 
 def read_classification(path, labels: Sequence[str] | None = None, *,
                         encoding: str = "utf-8", columns: Columns = Columns()) -> Iterator[dict]:
-  """CSV / TSV rows → {"text", "text_b", "label"} (strings; text_b "" if absent).
+  """CSV / TSV rows → {"text", "text_b", "label", "origin"} (strings; text_b "" if absent).
 
-  `label` must be in `labels` when a label set is given.
+  `label` is the string in the file (stripped), never a parsed number: `1` and `1.0` in
+  one file are an error (`check_spellings`). It must be in `labels` when a label set is given.
   """
   delimiter = "\t" if str(path).lower().endswith(".tsv") else ","
   csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
   reader = csv.reader(io.StringIO(read_text(path, encoding), newline=""), delimiter=delimiter)
-  pick, count = (None if columns.header else _positional), 0
+  pick, count, check = (None if columns.header else _positional), 0, spelling_check()
   for no, row in _csv_records(path, reader):
     if pick is None:
       pick = _by_header(path, no, row, columns)
       continue
-    yield _classification_example(path, no, *pick(path, no, row), labels)
+    example = _classification_example(path, no, *pick(path, no, row), labels)
+    check(example["label"], example["origin"])
+    yield example
     count += 1
   if not count:
     raise DataError(f"{where(path)}: no rows{' below the header' if columns.header else ''}")
@@ -217,7 +249,7 @@ def _classification_example(path, no, text, text_b, label, labels) -> dict:
     raise DataError(f"{where(path, no)}: label {label!r} not in label set {list(labels)}")
   if not text.strip():
     raise DataError(f"{where(path, no)}: empty text")
-  return {"text": text, "text_b": text_b, "label": label}
+  return {"text": text, "text_b": text_b, "label": label, "origin": where(path, no)}
 
 
 # --- text records ----------------------------------------------------------------------
@@ -314,24 +346,27 @@ def read_idx(path) -> np.ndarray:
 
 
 def read_image_pairs(source) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """{split: (images [N, H, W, C] uint8, labels [N] int)} from idx pairs or npz files.
+  """{split: (images [N, H, W, C] uint8, labels [N] int64)} from idx pairs or npz files.
 
   idx: `*images*` / `*labels*` files per split. npz: arrays `images`, `labels`
-  (split from the file name) or `x_<split>`, `y_<split>`.
+  (split from the file name) or `x_<split>`, `y_<split>`. Pixels keep their values
+  (`pixel_bytes`: uint8 as is, float in [0, 1] scaled by 255, 16-bit scaled by 1/257);
+  labels are exact integers (`integer_labels`). Anything else is a DataError naming the
+  file, the split and the values found; nothing wraps or truncates.
   """
   out = {}
   for split, files in files_by_split(source, IMAGE_SUFFIXES).items():
     for f in files:
       if f.suffix == ".npz":
-        out.update(_npz_pairs(f, split))
+        out.update({s: (x, y, f) for s, (x, y) in _npz_pairs(f, split).items()})
     idx = [f for f in files if f.suffix != ".npz"]
     if idx:
       imgs = [f for f in idx if "images" in f.name]
       labs = [f for f in idx if "labels" in f.name]
       if len(imgs) != 1 or len(labs) != 1:
         raise DataError(f"{source}: split {split} needs one *images* and one *labels* idx file")
-      out[split] = (read_idx(imgs[0]), read_idx(labs[0]))
-  return {s: _check_pair(s, x, y, source) for s, (x, y) in out.items()}
+      out[split] = (read_idx(imgs[0]), read_idx(labs[0]), imgs[0])
+  return {s: _check_pair(s, x, y, f) for s, (x, y, f) in out.items()}
 
 
 def _npz_pairs(path, split):
@@ -345,15 +380,66 @@ def _npz_pairs(path, split):
   return {_SPLIT_ALIASES.get(s, s): v for s, v in pairs.items()}
 
 
-def _check_pair(split, images, labels, source):
+def _check_pair(split, images, labels, path):
   if images.ndim == 3:
     images = images[..., None]  # [N, H, W] → [N, H, W, 1]
   if images.ndim != 4 or labels.ndim != 1 or len(images) != len(labels):
-    raise DataError(f"{source}: split {split}: images {images.shape} and labels {labels.shape} "
+    raise DataError(f"{path}: split {split}: images {images.shape} and labels {labels.shape} "
                     "do not pair up as [N, H, W(, C)] and [N]")
   if len(labels) == 0:
-    raise DataError(f"{source}: split {split}: zero examples")
-  return images.astype(np.uint8), labels.astype(np.int64)
+    raise DataError(f"{path}: split {split}: zero examples")
+  at = f"{path}: split {split}"
+  return pixel_bytes(images, at), integer_labels(labels, at)
+
+
+PIXEL_RULE = ("uint8 as is; float in [0, 1] x 255, rounded; float or integers in [0, 255] "
+              "(max > 1) as is, rounded; uint16 with values above 255 / 257, rounded")
+
+
+def pixel_bytes(images: np.ndarray, at: str) -> np.ndarray:
+  """Images as uint8 0..255 by PIXEL_RULE; a DataError at `at` (file: split) otherwise.
+
+  uint16 whose values all fit 0..255 is refused: 8-bit pixels in a 16-bit array and a
+  near-black 16-bit image look the same, so the caller must say which (cast or scale).
+  """
+  if images.dtype == np.uint8:
+    return images
+  kind = images.dtype.kind
+  if kind not in "iuf":
+    raise DataError(f"{at}: images of dtype {images.dtype} are not pixel values; "
+                    f"store numbers ({PIXEL_RULE})")
+  values = images.astype(np.float64)
+  if np.isnan(values).any():
+    raise DataError(f"{at}: images hold NaN; pixels must be numbers ({PIXEL_RULE})")
+  low, high = float(values.min()), float(values.max())
+  found = f"values {low:g}..{high:g} ({images.dtype})"
+  if images.dtype == np.uint16:
+    if high <= 255:
+      raise DataError(f"{at}: uint16 images with {found}: 8-bit pixels or a dark 16-bit "
+                      "image? Cast them to uint8 (0..255 pixels) or to float in [0, 1]")
+    values = values / 257.0
+  elif kind == "f" and high <= 1:
+    values = values * 255.0
+  if low < 0 or values.max() > 255:
+    raise DataError(f"{at}: images with {found} do not map to 0..255 pixels by the rule: "
+                    f"{PIXEL_RULE}")
+  return np.round(values).astype(np.uint8)
+
+
+def integer_labels(labels: np.ndarray, at: str) -> np.ndarray:
+  """Class labels as int64: integers as they are, floats only when integral (2.0 -> 2);
+  2.7, NaN or text are a DataError at `at` naming the first such value."""
+  if labels.dtype.kind in "biu":
+    return labels.astype(np.int64)
+  if labels.dtype.kind != "f":
+    raise DataError(f"{at}: labels of dtype {labels.dtype} are not class numbers; store "
+                    "integers 0..C-1")
+  bad = np.flatnonzero(~np.isfinite(labels) | (labels != np.round(labels)))
+  if len(bad):
+    i = int(bad[0])
+    raise DataError(f"{at}: label {float(labels[i]):g} at index {i} is not an integer "
+                    f"({len(bad)} such); class labels are integers 0..C-1")
+  return labels.astype(np.int64)
 
 
 # --- time series -----------------------------------------------------------------------

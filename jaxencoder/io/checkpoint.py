@@ -16,7 +16,11 @@ Retention keeps the latest `max_to_keep` steps plus the best `keep_best` by
 `best_metric`; orbax deletes the rest after each save.
 """
 
+import contextlib
+import errno
 import logging
+import os
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,15 +45,20 @@ class Checkpointer:
   Retention: the latest `max_to_keep` (None: all), plus the best `keep_best` by
   `metrics[best_metric]` ("min" or "max") among steps saved with metrics.
   """
+  _pending: int | None = None  # the step an async save is writing
 
   def __init__(self, directory: epath.PathLike, *, save_interval_steps: int,
                max_to_keep: int | None, best_metric: str | None = None,
-               best_mode: str = "min", keep_best: int = 1, async_save: bool = True):
+               best_mode: str = "min", keep_best: int = 1, async_save: bool = True,
+               read_only: bool = False):
+    """`read_only`: restores only, writes nothing (eval-only, predict; a read-only run)."""
     if best_mode not in ("min", "max"):
       raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
     self.directory = as_path(directory)  # orbax needs absolute paths; URLs stay URLs
     self.best_metric = best_metric
+    self.read_only = read_only
     options = ocp.CheckpointManagerOptions(
+        read_only=read_only,
         save_decision_policy=policies.AnySavePolicy([
             policies.FixedIntervalPolicy(save_interval_steps),
             policies.PreemptionCheckpointingPolicy()]),
@@ -78,8 +87,16 @@ class Checkpointer:
       items[DATA] = ocp.args.JsonSave(data_state)
     if config is not None:
       items[CONFIG] = ocp.args.JsonSave(to_json(config))
-    return self._manager.save(step, args=ocp.args.Composite(**items),
-                              metrics=self._checked_metrics(metrics), force=force)
+    metrics = self._checked_metrics(metrics)
+    if not force and not self._manager.should_save(step):
+      return False
+    self.wait()  # orbax waits for the previous save anyway; its failure is named here
+    self._check_room(step)
+    with self._writing(step):
+      started = self._manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
+                                   force=force)
+    self._pending = step if started else None
+    return started
 
   def _checked_metrics(self, metrics: Mapping[str, Any] | None) -> dict | None:
     if metrics is None:
@@ -132,7 +149,10 @@ class Checkpointer:
                           "; ".join(f"step {s}: {why}" for s, why in failures))
 
   def _set_aside(self, step: int) -> None:
-    """Renames a damaged step directory out of orbax's way (kept for inspection)."""
+    """Renames a damaged step directory out of orbax's way (kept for inspection); a
+    read-only Checkpointer leaves it, skipping it again next time."""
+    if self.read_only:
+      return
     path = self.directory / str(step)
     if path.exists():
       path.rename(self.directory / f"{step}.unrestorable")
@@ -160,8 +180,37 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def wait(self) -> None:
-    """Blocks until pending async saves (and old-step deletions) are done."""
-    self._manager.wait_until_finished()
+    """Blocks until pending async saves (and old-step deletions) are done; OutOfSpace if
+    the disk filled up."""
+    pending, self._pending = self._pending, None
+    with self._writing(pending):
+      self._manager.wait_until_finished()
+
+  def check(self) -> None:
+    """Raises OutOfSpace at once if a background save already failed for lack of space
+    (single process: a poll between steps, no waiting)."""
+    if self._pending is not None and not self._manager.is_saving_in_progress():
+      self.wait()
+
+  def _check_room(self, step: int) -> None:
+    """OutOfSpace before writing `step` if the disk has less room than the newest step
+    takes (local disks; a run's steps are about the same size), not halfway through."""
+    newest = self._manager.latest_step()
+    if newest is None or "://" in str(self.directory):
+      return
+    if shutil.disk_usage(self.directory).free < _disk_bytes(self.directory / str(newest)):
+      raise OutOfSpace(step, self.directory, newest)
+
+  @contextlib.contextmanager
+  def _writing(self, step: int | None):
+    """Turns a full disk while writing `step` into OutOfSpace naming the durable step."""
+    try:
+      yield
+    except Exception as e:
+      if step is None or not is_out_of_space(e):
+        raise
+      self._manager.reload()  # the failed step is not listed; its temporary dir never counts
+      raise OutOfSpace(step, self.directory, self._manager.latest_step()) from None
 
   def close(self) -> None:
     self._manager.close()
@@ -175,6 +224,41 @@ class Checkpointer:
 
 class CheckpointError(RuntimeError):
   """No checkpoint of a run directory can be restored."""
+
+
+class OutOfSpace(OSError):
+  """The disk filled up while saving `step`; `durable` is the newest complete step (None:
+  none). Rerunning once there is space resumes from it (train.py exits 75)."""
+
+  def __init__(self, step: int, directory, durable: int | None):
+    self.step, self.directory, self.durable = step, directory, durable
+    last = (f"step {durable} is the last durable one" if durable is not None
+            else "no step is durable yet")
+    super().__init__(errno.ENOSPC, f"out of space writing step {step} in {directory}; {last}")
+
+  def __str__(self) -> str:
+    return self.strerror
+
+
+def is_out_of_space(error: BaseException | None) -> bool:
+  """Whether `error` (or an error it was raised from) is a full disk: errno ENOSPC, or
+  tensorstore's "No space left" text (a RESOURCE_EXHAUSTED status; not out of memory)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if getattr(error, "errno", None) == errno.ENOSPC:
+      return True
+    text = str(error)
+    if "No space left" in text or ("RESOURCE_EXHAUSTED" in text and "space" in text.lower()):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def _disk_bytes(directory) -> int:
+  """The bytes the files under a local `directory` occupy on disk."""
+  return sum(os.stat(os.path.join(root, name)).st_blocks * 512
+             for root, _, names in os.walk(directory) for name in names)
 
 
 def _first_line(error: Exception, limit: int = 300) -> str:

@@ -4,6 +4,7 @@
     checkpoints/<step>/        # orbax, see jaxencoder.io.checkpoint:
       state/ data/ config/ metrics/
     metrics.jsonl              # one JSON object per line: {"step", "split", metric: value}
+    metrics.jsonl.damaged      # lines a resume set aside (a crash cut them mid-write)
     tensorboard/               # TensorBoard events
     tokenizer.json, vocab.txt  # optional: the tokenizer the run's inputs use
 
@@ -18,6 +19,7 @@ restore_targets.py). A path may name the workdir or its `checkpoints/` folder.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +39,7 @@ METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 Params = Any
+log = logging.getLogger("jaxencoder")
 
 
 class RunDir:
@@ -174,11 +177,23 @@ class RunDir:
 
   def drop_metrics_after(self, step: int) -> int:
     """Removes metrics rows past `step` (written after the checkpoint a run resumes
-    from), so each (step, split) appears once; returns how many were dropped."""
-    rows = self.read_metrics()
-    kept = [r for r in rows if r.get("step", 0) <= step]
-    if len(kept) < len(rows):
-      self.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    from), so each (step, split) appears once; returns how many were dropped.
+
+    Damaged lines (a crash mid-write leaves a partial last line) move to
+    metrics.jsonl.damaged, appended as they were, with one warning naming file:line."""
+    path = self.metrics_file
+    if not path.exists():
+      return 0
+    text = path.read_text()
+    rows, damaged = _parse_metrics(text)
+    kept = [line for line, row in rows if row.get("step", 0) <= step]
+    if damaged:
+      damaged_file = path.parent / f"{METRICS}.damaged"
+      before = damaged_file.read_text() if damaged_file.exists() else ""
+      damaged_file.write_text(before + "".join(line + "\n" for _, line, _ in damaged))
+      _warn_damaged(path, damaged, f"moved to {damaged_file}")
+    if len(kept) < len(rows) or damaged or not text.endswith("\n"):
+      path.write_text("".join(line + "\n" for line in kept))
     return len(rows) - len(kept)
 
   # -- creating one
@@ -198,11 +213,43 @@ class RunDir:
 
 
 def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
-  """The rows of WORKDIR/metrics.jsonl ([] if there is none)."""
+  """The rows of WORKDIR/metrics.jsonl ([] if there is none); damaged lines are skipped
+  with one warning naming file:line (a resumed run moves them aside, see
+  RunDir.drop_metrics_after)."""
   path = as_path(workdir) / METRICS
   if not path.exists():
     return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  rows, damaged = _parse_metrics(path.read_text())
+  if damaged:
+    _warn_damaged(path, damaged, "skipped")
+  return [row for _, row in rows]
+
+
+def _parse_metrics(text: str) -> tuple[list[tuple[str, dict]], list[tuple[int, str, str]]]:
+  """([(line, row)], [(line number, line, why)]): the rows, and the lines that are not
+  one JSON object each."""
+  rows, damaged = [], []
+  for number, line in enumerate(text.splitlines(), start=1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except ValueError as e:
+      damaged.append((number, line, str(e)))
+      continue
+    if isinstance(row, dict):
+      rows.append((line, row))
+    else:
+      damaged.append((number, line, f"a {type(row).__name__}, not a JSON object"))
+  return rows, damaged
+
+
+def _warn_damaged(path, damaged: list[tuple[int, str, str]], fate: str) -> None:
+  number, _, why = damaged[0]
+  others = [str(n) for n, _, _ in damaged[1:]]
+  also = f"; also lines {', '.join(others[:10])}{', ...' if len(others) > 10 else ''}"
+  log.warning("%s:%d: damaged metrics line (%s)%s; %s", path, number, why,
+              also if others else "", fate)
 
 
 def _is_scanned(params: Params) -> bool:

@@ -24,7 +24,7 @@ from jaxencoder import cli
 from jaxencoder.io import paths
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import hf_checkpoint
-from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
+from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
 
 
 FAMILY_NAMES = {"bert": "BERT", "roberta": "RoBERTa", "distilbert": "DistilBERT",
@@ -72,17 +72,35 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
 def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict) -> str:
   if is_hf_dir(source):
     cfg, params, tokenizer = hf_checkpoint.load(source, scan_layers=scan_layers, **resize)
+    if tokenizer is not None:
+      hf_checkpoint.check_tokenizer(source, cfg, tokenizer, f"{source}'s tokenizer")
     run = RunDir(target).write_encoder(cfg, params, tokenizer)
     return (f"wrote jaxencoder checkpoint {run.checkpoint_dir}; fine-tune with "
-            f"--config.init_from={target} (its architecture and tokenizer come along)")
+            f"--config.init_from={target} ({_what_comes_along(cfg, tokenizer, source)})")
   run = RunDir.open(source)
   cfg, params = restore_for_export(run)
-  # A text run without its own tokenizer trained with the default (MiniLM's vocab).
-  tokenizer_path = run.tokenizer_path() or (
-      default_tokenizer_path() if cfg.input_kind == "text" else None)
-  tokenizer = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
+  tokenizer, note = None, ""
+  # A train.py run with data.tokenizer "" used MiniLM's vocab; a directory converted
+  # without tokenizer files has none, and gets none (never a guessed default).
+  if cfg.input_kind == "text" and (run.tokenizer_path() or "data" in run.read_config()):
+    tokenizer_path = run_tokenizer(run)
+    tokenizer = Tokenizer.from_file(tokenizer_path)
+    check_fits(tokenizer, cfg, f"tokenizer {tokenizer_path}")
+  elif cfg.input_kind == "text":
+    note = f" without tokenizer files ({source} has none)"
   hf_checkpoint.save(target, cfg, params, tokenizer)
-  return f"wrote Hugging Face {FAMILY_NAMES.get(cfg.family, cfg.family)} directory {target}"
+  family = FAMILY_NAMES.get(cfg.family, cfg.family)
+  return f"wrote Hugging Face {family} directory {target}{note}"
+
+
+def _what_comes_along(cfg, tokenizer, source) -> str:
+  """What init_from takes from a converted directory, truthfully."""
+  if cfg.input_kind != "text":
+    return "its architecture comes along"
+  if tokenizer is not None:
+    return "its architecture and tokenizer come along"
+  return (f"its architecture comes along, but no tokenizer: {source} has no tokenizer.json / "
+          "vocab.txt / vocab.json, so set data.tokenizer to the vocab it was trained with")
 
 
 def restore_for_export(run: RunDir, step: int | None = None):

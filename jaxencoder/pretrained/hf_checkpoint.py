@@ -29,7 +29,7 @@ from jaxencoder.encoder import ENCODER
 from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
 from jaxencoder.pretrained import bert_names as names
 from jaxencoder.pretrained.resize import resize_positions
-from jaxencoder.tokenizer import Tokenizer
+from jaxencoder.tokenizer import HF_SPECIAL_IDS, Tokenizer, check_fits
 
 log = logging.getLogger(__name__)
 CONFIG = "config.json"
@@ -278,13 +278,25 @@ def write_json(file: pathlib.Path, value: Mapping[str, Any]) -> None:
 def read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
   """All tensors of model.safetensors (or its shards, or a torch .bin via weights_only)."""
   if (path / WEIGHTS).is_file():
-    return load_file(str(path / WEIGHTS))
+    return read_safetensors(path / WEIGHTS)
   if (path / WEIGHTS_INDEX).is_file():
     shards = sorted(set(read_json(path / WEIGHTS_INDEX)["weight_map"].values()))
-    return {k: v for shard in shards for k, v in load_file(str(path / shard)).items()}
+    return {k: v for shard in shards for k, v in read_safetensors(path / shard).items()}
   if (path / TORCH_WEIGHTS).is_file():
     return read_torch_weights(path / TORCH_WEIGHTS)
   raise FileNotFoundError(f"{path / WEIGHTS}: not found (nor {WEIGHTS_INDEX} or {TORCH_WEIGHTS})")
+
+
+def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
+  """The tensors of one .safetensors file; ValueError naming it if it is truncated or
+  damaged (e.g. an interrupted download)."""
+  try:
+    return load_file(str(file))
+  except FileNotFoundError:
+    raise
+  except Exception as e:  # safetensors raises its own SafetensorError (and OSError)
+    raise ValueError(f"{file}: truncated or damaged safetensors file ({e}); download or "
+                     "convert it again") from None
 
 
 def read_torch_weights(file: pathlib.Path) -> dict[str, np.ndarray]:
@@ -323,6 +335,14 @@ def sentence_pooling(path: pathlib.Path, folder: str = str(POOLING.parent)) -> s
     raise ValueError(f"{file}: jaxencoder supports exactly one of {sorted(POOLING_MODES)} "
                      f"pooling, got {chosen + others}")
   return chosen[0]
+
+
+def check_tokenizer(path, cfg: EncoderConfig, tokenizer: Tokenizer, where) -> None:
+  """`tokenizer.check_fits` for the model of Hugging Face dir `path`: its table was
+  learned with its own tokenizer, whose special ids its config.json names."""
+  hf = read_json(pathlib.Path(path) / CONFIG)
+  expected = {k: hf[k] for k in HF_SPECIAL_IDS if isinstance(hf.get(k), int)}
+  check_fits(tokenizer, cfg, where, expected=expected, trained_table=True)
 
 
 def read_tokenizer(path: pathlib.Path) -> Tokenizer | None:

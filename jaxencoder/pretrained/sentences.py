@@ -114,6 +114,7 @@ def _load_for_embedding(model_dir: str):
   cfg, params, tokenizer = hf_checkpoint.load(root, pooling=sentence.pooling)
   if tokenizer is None:
     raise FileNotFoundError(f"{root}: needs tokenizer.json or vocab.txt to embed text")
+  hf_checkpoint.check_tokenizer(root, cfg, tokenizer, f"{root}'s tokenizer")
   if sentence.do_lower_case:
     lowercase_first(tokenizer)
   return cfg, hf_checkpoint.encoder_params(params), tokenizer, sentence

@@ -36,7 +36,7 @@ from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features, images, probes, representation, study
 from jaxencoder.probing.health import HealthThresholds
 from jaxencoder.pretrained.__main__ import image_size
-from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
+from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
 
 
 def load_checkpoint(workdir, tokenizer_path: str | None = None, **resize):
@@ -50,22 +50,24 @@ def load_checkpoint(workdir, tokenizer_path: str | None = None, **resize):
   cfg, params = resize_on_load(stored, run.restore_encoder(encoder_params(stored)), **resize)
   if cfg.input_kind == "image":
     return cfg, params, None
-  vocab = tokenizer_path or run.tokenizer_path() or default_tokenizer_path()
-  if not vocab:
-    raise FileNotFoundError("no tokenizer: pass --tokenizer (vocab.txt / tokenizer.json)")
-  return cfg, params, Tokenizer.from_file(vocab)
+  vocab = run_tokenizer(run, tokenizer_path, fix="pass --tokenizer")
+  tokenizer = Tokenizer.from_file(vocab)
+  check_fits(tokenizer, cfg, f"tokenizer {vocab}")
+  return cfg, params, tokenizer
 
 
 def load_pretrained(hf_dir, tokenizer_path: str | None = None, **resize):
   """(cfg, params, tokenizer) of a Hugging Face encoder dir (via jaxencoder.pretrained);
   tokenizer None for image encoders. `resize`: max_len / image_size, as `pretrained.load`."""
   from jaxencoder import pretrained  # imported lazily: an optional, separate module
+  from jaxencoder.pretrained.hf_checkpoint import check_tokenizer
   cfg, params, tokenizer = pretrained.load(hf_dir, **resize)
   params = params["encoder"] if "encoder" in params else params
   if cfg.input_kind == "image":
     return cfg, params, None
   if tokenizer_path or tokenizer is None:
     tokenizer = Tokenizer.from_file(tokenizer_path or hf_dir)
+  check_tokenizer(hf_dir, cfg, tokenizer, f"tokenizer {tokenizer_path or hf_dir}")
   return cfg, params, tokenizer
 
 

@@ -23,6 +23,7 @@ from jaxencoder.config import EncoderConfig
 from jaxencoder.data import readers
 from jaxencoder.encoder import Encoder
 from jaxencoder.probing import attention_stats, store
+from jaxencoder.tokenizer import check_fits
 
 WORD_POOLS = ("first", "mean")
 SENTENCE_POOLS = ("cls", "mean")
@@ -199,10 +200,7 @@ def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: st
   if cfg.input_kind != "text":
     raise ValueError(f"probing features need a text encoder, got input_kind={cfg.input_kind!r}"
                      " (image encoders: probing.images, --data DIR or .npz)")
-  if tokenizer.vocab_size > cfg.vocab_size:
-    raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
-                     f"has {cfg.vocab_size}: pass the tokenizer the model was trained with "
-                     "(--tokenizer)")
+  check_fits(tokenizer, cfg, "probing features")
   max_length = min(max_length, cfg.max_positions)
   buckets = tuple(buckets or length_buckets(max_length))
   lengths_S, kept_S = measure(tokenizer, dataset, max_length)

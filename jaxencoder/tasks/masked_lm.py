@@ -28,18 +28,39 @@ from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, 
                                    mean_loss, pooled_vectors, weighted_ce)
 
 SENTENCE_PAIRS = {"nsp": "mlm_nsp", "sop": "mlm_sop"}  # config.sentence_pair -> task
+# The shortest row a masked task learns from: its special tokens plus one masked token
+# ([CLS] x [SEP]; sentence pairs [CLS] a [SEP] b [SEP]).
+MIN_SEQ_LEN = {"mlm": 3, "electra": 3, "mlm_nsp": 5, "mlm_sop": 5}
 
 
 def auto_max_predictions(data) -> int:
-  """Room for 1.25x the expected masked tokens of a row (max_predictions = -1); `data`:
-  a config's data section, a ConfigDict or a stored dict."""
-  return math.ceil(1.25 * data["mask_rate"] * data["seq_len"]) + 1
+  """Room for 1.25x the expected masked tokens of a row (max_predictions = -1), at most
+  one per position; `data`: a config's data section, a ConfigDict or a stored dict."""
+  return min(math.ceil(1.25 * data["mask_rate"] * data["seq_len"]) + 1, data["seq_len"])
 
 
 def max_predictions(config) -> int:
   """config.max_predictions, its automatic value for -1 (a ConfigDict or stored dict)."""
   value = config.get("max_predictions", -1)
   return value if value >= 0 else auto_max_predictions(config["data"])
+
+
+def check_masking(name: str, config) -> None:
+  """ValueError, before anything is built, for a masked objective that cannot learn:
+  data.mask_rate outside (0, 1) (0 masks nothing: a loss of 0 with zero gradients; 1
+  masks every token), a data.seq_len without room for the specials and a masked token,
+  or more max_predictions than positions (`name`: the resolved task)."""
+  data, shortest = config["data"], MIN_SEQ_LEN.get(name, 3)
+  if not 0 < data["mask_rate"] < 1:
+    raise ValueError(f"data.mask_rate={data['mask_rate']!r} must lie in (0, 1) for task "
+                     f"{name!r}: the fraction of tokens masked (BERT: 0.15)")
+  if data["seq_len"] < shortest:
+    raise ValueError(f"data.seq_len={data['seq_len']!r} is too short for task {name!r}: "
+                     f"the minimum is {shortest} (special tokens + one masked token)")
+  wanted = max_predictions(config)
+  if wanted > data["seq_len"]:
+    raise ValueError(f"max_predictions={wanted} exceeds data.seq_len={data['seq_len']}: "
+                     "at most one prediction per position (-1: automatic)")
 
 
 def masked_positions(weights_BxL: jax.Array, max_predictions: int) -> jax.Array:
@@ -119,6 +140,9 @@ class MaskedLM(Family):
       raise ValueError(f"sentence_pair={pair!r} is an option of task 'mlm'; task is "
                        f"{config['task']!r}")
     return SENTENCE_PAIRS[pair]
+
+  def check(self, name, config) -> None:
+    check_masking(name, config)
 
   def finalize(self, name, config) -> None:
     if config.max_predictions < 0:

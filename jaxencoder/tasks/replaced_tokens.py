@@ -80,6 +80,7 @@ class ReplacedTokens(Family):
   }
   predicts = {"electra": "vectors"}  # the discriminator's pooled vectors
 
+  check = masked_lm.MaskedLM.check
   finalize = masked_lm.MaskedLM.finalize
 
   def task_options(self, name, config) -> dict[str, Any]:

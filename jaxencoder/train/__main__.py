@@ -3,7 +3,9 @@
 (the same: `python train.py ...` or `python -m jaxencoder.train ...`). The workdir may
 be local or gs://bucket/path; rerunning with the same workdir resumes from its latest
 checkpoint. SIGTERM / Ctrl-C save the latest finished step and exit with code 75
-(EX_TEMPFAIL), which job schedulers can requeue on.
+(EX_TEMPFAIL), which job schedulers can requeue on; so does a disk that fills up during
+a save, with one line naming the step that failed and the last durable one. A loss that
+becomes NaN/Inf exits 1 naming the step, the last durable one and what to lower.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import logging
 import os
 import pathlib
 import sys
+import tempfile
+import traceback
 
 from jaxencoder import cli
 
@@ -28,10 +32,22 @@ def load_config(path: str):
                     "get_config()")
   spec = importlib.util.spec_from_file_location(f"config_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  if not hasattr(module, "get_config"):
-    raise cli.UserError(f"--config {path}: defines no get_config()")
-  return module.get_config()
+  try:
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+      raise cli.UserError(f"--config {path}: defines no get_config()")
+    return module.get_config()
+  except SyntaxError as e:  # also IndentationError
+    raise cli.UserError(f"--config {e.filename}:{e.lineno}: {e.msg}") from None
+  except (ImportError, NameError, AttributeError, TypeError, ValueError, KeyError) as e:
+    raise cli.UserError(f"--config {_failing_line(path, e)}: {type(e).__name__}: {e}") from None
+
+
+def _failing_line(path: pathlib.Path, error: Exception) -> str:
+  """file:line of the config file's deepest line in `error`'s traceback."""
+  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+           if pathlib.Path(frame.filename) == path]
+  return f"{path}:{lines[-1]}" if lines else str(path)
 
 
 def quiet_library_logs() -> None:
@@ -40,6 +56,24 @@ def quiet_library_logs() -> None:
   if os.environ.get("JAXENCODER_VERBOSE"):
     return
   logging.getLogger("absl").setLevel(logging.ERROR)
+  logging.getLogger("absl").addFilter(_not_out_of_space)
+  sys.unraisablehook = _without_closed_loop(sys.unraisablehook)
+
+
+def _without_closed_loop(hook):
+  """After a failed save, tensorstore's callbacks into orbax's closed event loop each print
+  a traceback ('Event loop is closed'); the failure itself is reported."""
+  def filtered(unraisable):
+    value = unraisable.exc_value
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+      hook(unraisable)
+  return filtered
+
+
+def _not_out_of_space(record: logging.LogRecord) -> bool:
+  """Drops orbax's logged tracebacks of a full disk: train.py names it in one line."""
+  from jaxencoder.io.checkpoint import is_out_of_space
+  return not (record.exc_info and is_out_of_space(record.exc_info[1]))
 
 
 def parse_args(argv):
@@ -77,14 +111,41 @@ def main(argv=None) -> None:
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
   from jaxencoder.data.readers import DataError
   from jaxencoder.io.checkpoint import CheckpointError
+  from jaxencoder.train.loop import NonFiniteLossError
+  from jaxencoder.train import stop
   from jaxencoder.train.stop import EXIT_PREEMPTED, Preempted
+  stop.exit_on_second_interrupt = True  # no KeyboardInterrupt from inside XLA (stop.py)
   try:
     metrics = cli.run_main(lambda: run(args, overrides), (DataError, CheckpointError))
   except Preempted as e:
     print(e, file=sys.stderr)
     sys.exit(EXIT_PREEMPTED)
+  except NonFiniteLossError as e:  # not resumable as is: the config must change
+    if os.environ.get("JAXENCODER_TRACEBACK"):
+      raise
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+  except OSError as e:
+    full = full_disk(e)
+    if full is None or os.environ.get("JAXENCODER_TRACEBACK"):
+      raise
+    print(full, file=sys.stderr)  # resumable: rerun once there is space
+    sys.stderr.flush()
+    os._exit(EXIT_PREEMPTED)  # the failed save's leftover writes would print at exit
   if metrics is not None:
     print("final eval:", " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+
+
+def full_disk(error: OSError) -> str | None:
+  """The line that names a full disk: OutOfSpace's (a checkpoint; also when closing the
+  metrics writers failed after it), else the OSError's; None if the disk is not full."""
+  from jaxencoder.io.checkpoint import OutOfSpace, is_out_of_space
+  cause = error
+  while cause is not None:
+    if isinstance(cause, OutOfSpace):
+      return str(cause)
+    cause = cause.__cause__ or cause.__context__
+  return f"out of space: {error}" if is_out_of_space(error) else None
 
 
 def run(args, overrides: list[str]) -> dict[str, float] | None:
@@ -104,8 +165,32 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
   if args.eval_only:
     metrics = loop.evaluate_run(config, args.workdir)
   else:
+    check_writable_workdir(args.workdir)
     metrics = loop.train_and_evaluate(config, args.workdir)
   return metrics if jax.process_index() == 0 else None
+
+
+def check_writable_workdir(workdir: str) -> None:
+  """UserError naming a local --workdir that is a file or cannot be written (checked before
+  anything is built or compiled); creates it if missing. gs:// paths are not checked."""
+  if "://" in workdir:
+    return
+  path = pathlib.Path(workdir)
+  if path.exists() and not path.is_dir():
+    raise cli.UserError(f"--workdir {path}: is a file, not a directory; pass a directory "
+                        "(a new one is created)")
+  for folder in (path, path / "checkpoints"):
+    if folder != path and not folder.exists():
+      continue  # orbax creates it
+    try:
+      folder.mkdir(parents=True, exist_ok=True)
+      tempfile.TemporaryFile(dir=folder).close()
+    except (FileExistsError, NotADirectoryError):
+      blocker = next((p for p in (folder, *folder.parents) if p.is_file()), folder)
+      raise cli.UserError(f"--workdir {path}: {blocker} is a file, not a directory") from None
+    except OSError as e:
+      raise cli.UserError(f"--workdir {path}: {folder} is not writable ({e.strerror}); pass a "
+                          "writable directory or fix its permissions") from None
 
 
 if __name__ == "__main__":

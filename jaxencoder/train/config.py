@@ -106,6 +106,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.parallelism = "jit"  # jit (default, any mesh) | pmap (compatibility: data parallel only)
   c.progress_bar = True
   c.compilation_cache_dir = ""  # "": the user cache dir (train/compilation_cache.py); none: off
+  c.lock_timeout_s = 600.0  # a workdir lock (lock.json) without a heartbeat this long is
+  #                          stale: taken over (jaxencoder/io/run_lock.py)
   return c
 
 

@@ -58,6 +58,9 @@ def adopt(config: ml_collections.ConfigDict) -> list[str]:
   if tokenizer and not config.data.tokenizer and config.data.kind in TEXT_KINDS:
     config.data.tokenizer = str(tokenizer)
     changes.append(f"data.tokenizer: '' -> {tokenizer}")
+  elif not config.data.tokenizer and config.data.kind in TEXT_KINDS:
+    from jaxencoder.tokenizer import run_tokenizer
+    run_tokenizer(source, fix="set data.tokenizer")  # no default for a tokenizer-less one
   if changes:
     log.info("init_from=%s: taking the checkpoint's %s", config.init_from, "; ".join(changes))
   return changes

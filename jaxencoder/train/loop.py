@@ -24,6 +24,7 @@ from jaxencoder.train.compilation_cache import use_compilation_cache
 from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
 from jaxencoder.io.checkpoint import Checkpointer, CheckpointError
+from jaxencoder.io import run_lock
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.tasks.base import Task
 from jaxencoder.tasks.registry import task_from_config
@@ -71,11 +72,12 @@ def rng_key(config: ml_collections.ConfigDict, offset: int = 0) -> jax.Array:
 
 
 def build_task(config, pipelines: Pipelines) -> Task:
+  """The config's task; ValueError when the data's tokenizer does not fit the model."""
+  from jaxencoder.tokenizer import check_fits
+  from jaxencoder.train.datasets import tokenizer_path
   cfg = encoder_config(config)
-  tok = pipelines.tokenizer
-  if tok is not None and cfg.vocab_size < tok.vocab_size:
-    raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
-                     f"vocabulary ({tok.vocab_size})")
+  if pipelines.tokenizer is not None:
+    check_fits(pipelines.tokenizer, cfg, f"data.tokenizer={tokenizer_path(config.data)}")
   return task_from_config(config, cfg, num_classes=pipelines.num_classes or config.num_classes)
 
 
@@ -87,8 +89,9 @@ def peek(iterator) -> dict[str, np.ndarray]:
   return element
 
 
-def setup(config: ml_collections.ConfigDict, workdir) -> Run:
-  """Builds data, model, optimizer, mesh and checkpointer; restores or initialises state."""
+def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False) -> Run:
+  """Builds data, model, optimizer, mesh and checkpointer; restores or initialises state.
+  `read_only`: writes nothing to the workdir (no metrics, no renamed damaged steps)."""
   run_dir = RunDir(workdir)
   pipelines = make_pipelines(config)
   task = build_task(config, pipelines)
@@ -102,16 +105,17 @@ def setup(config: ml_collections.ConfigDict, workdir) -> Run:
   checkpointer = run_dir.checkpointer(
       save_interval_steps=config.checkpoint_every,
       max_to_keep=config.keep_checkpoints, best_metric=f"eval_{config.best_metric}",
-      best_mode=task.metric_mode(config.best_metric))
+      best_mode=task.metric_mode(config.best_metric), read_only=read_only)
   run = Run(config, run_dir, task, pipelines, mesh, rules, tx, schedule,
             steps.state_shardings(task, tx, example, mesh, rules, boxed=boxed), checkpointer,
             writer=None, train_iter=train_iter)
   started = time.perf_counter()
   run.state = jax.block_until_ready(restore_or_init(run, example, boxed))
   run.timings["state_init_s"] = time.perf_counter() - started
-  if jax.process_index() == 0:  # metrics past the restored step were never made durable
+  writes = jax.process_index() == 0 and not read_only
+  if writes:  # metrics past the restored step were never made durable
     run_dir.drop_metrics_after(int(run.state.step))
-  run.writer = MetricWriter(run_dir.path, enabled=jax.process_index() == 0)
+  run.writer = MetricWriter(run_dir.path, enabled=writes)
   return run
 
 
@@ -220,12 +224,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   """Trains per `config` in `workdir` (resuming if it holds checkpoints); final eval metrics.
 
   SIGTERM / SIGINT save the latest finished step and raise `Preempted` (see train/stop.py).
+  One trainer per workdir: another one holding it raises run_lock.RunDirLockedError.
   """
   started = time.perf_counter()
   config = finalized(config)
   sharding_lib.use_cpu_devices(config.cpu_devices)
   use_compilation_cache(config.compilation_cache_dir)
-  with StopSignals() as signals:
+  lock = run_lock.hold(workdir, config.lock_timeout_s, leader=jax.process_index() == 0,
+                       share=lambda refusal: distributed.gather_json(refusal)[0])
+  with lock, StopSignals() as signals:
     run = setup(config, workdir)
     run.timings["setup_s"] = time.perf_counter() - started
     try:
@@ -271,7 +278,7 @@ def evaluate_run(config: ml_collections.ConfigDict | None, workdir) -> dict[str,
   config = finalized(config)
   sharding_lib.use_cpu_devices(config.cpu_devices)
   use_compilation_cache(config.compilation_cache_dir)
-  run = setup(config, workdir)
+  run = setup(config, workdir, read_only=True)  # no lock: a trainer may hold it
   try:
     eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
     metrics = evaluate(run, eval_step)
@@ -288,6 +295,17 @@ def _stop(run: Run, signals: StopSignals) -> Preempted:
   return Preempted(signals.received, run.checkpointer.latest_step(), run.checkpointer.directory)
 
 
+def _diverged(run: Run, error: NonFiniteLossError) -> NonFiniteLossError:
+  """`error` with the last durable step and what to change before resuming from it."""
+  run.checkpointer.wait()
+  durable, optim = run.checkpointer.latest_step(), run.config.optim
+  resume = (f"step {durable} in {run.checkpointer.directory} is the last durable one"
+            if durable is not None else "no step was saved")
+  return NonFiniteLossError(
+      f"{error}; {resume}; lower optim.learning_rate (now {optim.learning_rate}) or "
+      f"optim.grad_clip_norm (now {optim.grad_clip_norm}) and rerun with the same --workdir")
+
+
 def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   config = run.config
   stepper = make_stepper(config.parallelism, run.task, run.tx, rng_key(config, 1),
@@ -302,10 +320,12 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   prefetched = run.train_iter = DevicePrefetch(run.train_iter, stepper.put)
   try:
     eval_metrics = _steps(run, signals, stepper, eval_step, startup, bar, prefetched)
+    check_finite(run.state)
+  except NonFiniteLossError as e:
+    raise _diverged(run, e) from None
   finally:
     prefetched.close()
   bar.close()
-  check_finite(run.state)
   if signals.should_stop(int(run.state.step)):
     raise _stop(run, signals)
   if not eval_metrics:  # e.g. rerun of a finished run: report the final state
@@ -321,10 +341,15 @@ def _steps(run: Run, signals: StopSignals, stepper, eval_step, startup, bar,
   The stepper holds the state while steps run; run.state takes it to log, eval, save."""
   config, start = run.config, int(run.state.step)
   eval_metrics: dict[str, float] = {}
-  window, tick = [], time.perf_counter()
+  window, tick, sums = [], time.perf_counter(), None
   for step in range(start, config.num_train_steps):
+    if jax.process_count() == 1:
+      run.checkpointer.check()  # a save that failed for lack of space stops the run now
     host_batch, batch = next(prefetched)
-    sums = stepper.step(batch)
+    previous, sums = sums, stepper.step(batch)
+    # One step queued behind the running one, no more: dispatch runs ahead otherwise, and a
+    # signal would stop (and save) several steps past the one running when it came.
+    jax.block_until_ready(previous)
     window.append(sums)
     bar.update(1)
     done = step + 1

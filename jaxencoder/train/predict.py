@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import pathlib
 
 import flax.linen as nn
@@ -27,15 +28,20 @@ import numpy as np
 
 from jaxencoder import cli
 from jaxencoder.config import EncoderConfig
-from jaxencoder.io.checkpoint import restore_params_only
+from jaxencoder.io.checkpoint import _first_line, restore_params_only
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.restore_targets import abstract_params
 from jaxencoder.tasks import registry
 from jaxencoder.tasks.base import Family
-from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
+from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
 from jaxencoder.train import datasets
 
 BATCH = 32
+log = logging.getLogger("jaxencoder")
+
+
+class UnsupportedRun(ValueError):
+  """A run predict cannot serve (not a damaged checkpoint: no older step helps)."""
 
 
 @dataclasses.dataclass
@@ -62,26 +68,59 @@ class Predictor:
 
 
 def load(run_path, step: int | None = None) -> Predictor:
+  """The run's model at `step`; by default at its newest step that restores (a damaged
+  newer one is skipped with a warning, as training skips it on resume). Reads only."""
   run = RunDir.open(run_path)
+  p, config = _restore(run, run_path, step)
+  cfg = p.cfg
+  vocab = run_tokenizer(run, fix="put the run's tokenizer files in it")
+  tokenizer = Tokenizer.from_file(vocab)
+  check_fits(tokenizer, cfg, f"tokenizer {vocab}")
+  seq_len = min(config["data"]["seq_len"], cfg.max_positions)
+  return dataclasses.replace(p, tokenizer=tokenizer, seq_len=seq_len)
+
+
+def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
+  """(Predictor without its tokenizer, config) of `step`, or of the newest step that
+  restores; else a ValueError naming each step tried and why."""
+  saved = ", ".join(map(str, run.steps()))
+  if step is not None and step not in run.steps():
+    raise FileNotFoundError(f"{run.checkpoint_dir}: no step {step}; saved steps: {saved}")
+  failures = []
+  for candidate in [step] if step is not None else run.steps()[::-1]:
+    try:
+      return _restore_step(run, run_path, candidate)
+    except UnsupportedRun:
+      raise
+    except Exception as e:  # orbax / tensorstore raise many types for damaged files
+      failures.append(f"step {candidate}: {_first_line(e)}")
+      if step is None:
+        log.warning("checkpoint step %d in %s cannot be restored (%s); trying an older step",
+                    candidate, run.checkpoint_dir, _first_line(e))
+  fix = (f"pass another --step (saved: {saved}), or none for the newest that restores"
+         if step is not None else "restore the checkpoints from a copy, or retrain")
+  raise ValueError(f"no restorable checkpoint in {run.checkpoint_dir}: "
+                   f"{'; '.join(failures)}; {fix}")
+
+
+def _restore_step(run: RunDir, run_path, step: int) -> tuple[Predictor, dict]:
   config = run.read_config(step)
   cfg = EncoderConfig.from_dict(config["model"])
   if cfg.input_kind != "text":
-    raise ValueError(f"{run_path}: predict reads text; this run's input_kind is {cfg.input_kind!r}")
+    raise UnsupportedRun(f"{run_path}: predict reads text; this run's input_kind is "
+                         f"{cfg.input_kind!r}")
   names = _label_names(config)
   task_name, family = registry.owner(config)
   if task_name not in family.predicts:
     supported = [n for f in registry.FAMILIES for n in f.predicts]
-    raise ValueError(f"{run_path}: predict does not support task {task_name!r} (supported: "
-                     f"{', '.join(supported)})")
+    raise UnsupportedRun(f"{run_path}: predict does not support task {task_name!r} "
+                         f"(supported: {', '.join(supported)})")
   task = registry.task_from_config(config, cfg, num_classes=len(names) if names
                                    else config.get("num_classes", 2))
   example = family.init_inputs(task_name)
   params = restore_params_only(run.checkpoint_dir, abstract_params(cfg, task.model, example),
-                               subtree=("params",),
-                               step=step if step is not None else run.latest_step())
-  tokenizer = Tokenizer.from_file(run.tokenizer_path() or default_tokenizer_path())
-  seq_len = min(config["data"]["seq_len"], cfg.max_positions)
-  return Predictor(task_name, family, cfg, task.model, params, tokenizer, seq_len, names)
+                               subtree=("params",), step=step)
+  return Predictor(task_name, family, cfg, task.model, params, None, 0, names), config
 
 
 def _label_names(config: dict) -> list[str] | None:

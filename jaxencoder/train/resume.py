@@ -29,7 +29,7 @@ RESUMABLE_CHANGES = (
     "optim.end_lr_factor", "optim.weight_decay", "optim.grad_clip_norm",
     "model.dropout_rate", "model.attention_dropout_rate", "model.mlp_dropout_rate",
     "model.remat_policy", "model.attention_impl", "model.dtype", "model.check_ids",
-    "rng_impl", "compilation_cache_dir")
+    "rng_impl", "compilation_cache_dir", "lock_timeout_s")
 
 
 def config_changes(saved: dict, current: ml_collections.ConfigDict

@@ -4,7 +4,9 @@ SIGTERM or SIGINT only sets a flag; the loop checks it between steps and inside
 eval, saves the latest finished step, waits for every save to be durable and
 raises `Preempted`. train.py turns that into exit code `EXIT_PREEMPTED` (75,
 EX_TEMPFAIL: "try again"), which job schedulers can requeue on; rerunning the same
-command resumes from that step. A second Ctrl-C interrupts at once.
+command resumes from that step. A second Ctrl-C in train.py ends the process at once
+with one line and exit code 130 (`EXIT_INTERRUPTED`): a save in flight is abandoned
+(orbax never lists a step it did not finish); a rerun resumes from the last finished one.
 
 With several processes every one must stop at the same step: JAX's preemption
 service (started by jax.distributed) catches SIGTERM on any host and agrees on a
@@ -13,12 +15,18 @@ step, which `should_stop(step)` reports on all of them.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 
 import jax
 from jax.experimental import multihost_utils
 
 EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+# train.py sets it: a second Ctrl-C ends the process (interrupt_now). Called from Python
+# (a notebook), a second Ctrl-C raises KeyboardInterrupt, which the caller survives.
+exit_on_second_interrupt = False
 
 
 class Preempted(Exception):
@@ -52,6 +60,8 @@ class StopSignals:
 
   def _handle(self, signum, frame) -> None:
     if self.received == "SIGINT" and signum == signal.SIGINT:
+      if exit_on_second_interrupt:
+        interrupt_now()
       raise KeyboardInterrupt  # a second Ctrl-C: stop now
     self.received = signal.Signals(signum).name
 
@@ -68,3 +78,18 @@ class StopSignals:
       self.received = self.received or "SIGTERM"
       return True
     return False
+
+
+def interrupt_now() -> None:
+  """Ends the process with one line and EXIT_INTERRUPTED. Not by raising
+  KeyboardInterrupt: the handler runs wherever Python next checks for signals, e.g.
+  inside XLA's compile call, and unwinding from there while XLA's compiler threads run
+  ended in a segmentation fault at exit (jax 0.10, XLA:CPU)."""
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError, RuntimeError):  # closed, or mid-write in this thread
+      pass
+  os.write(2, b"SIGINT again: stopped at once without saving; rerun the same command to "
+              b"resume from the last checkpoint\n")
+  os._exit(EXIT_INTERRUPTED)
