@@ -105,3 +105,16 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
   print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
   for row in cells:
     print("  ".join(v.rjust(w) for v, w in zip(row, widths)), flush=True)
+
+
+def real_token_rate(it, batches: int) -> dict[str, Any]:
+  """Real (attention_mask) tokens/s over the next `batches` batches of iterator `it`,
+  and the share of slots that are real."""
+  real = slots = 0
+  start = time.perf_counter()
+  for _ in range(batches):
+    mask = next(it)["attention_mask"]
+    real, slots = real + int(mask.sum()), slots + mask.size
+  secs = time.perf_counter() - start
+  return {"seconds": secs, "real_tokens_per_s": round(real / secs),
+          "efficiency": round(real / slots, 4)}

@@ -15,6 +15,7 @@ import json
 import os
 import time
 
+from common import real_token_rate
 from jaxencoder.data import builders, pipeline, sources
 from jaxencoder.data.pipeline import Reading
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
@@ -29,18 +30,14 @@ def run(source, tok, ids, mode, workers, seq_len, batch_size, batches, warmup):
   for _ in range(warmup):  # worker start-up (spawned processes import jax) and queues
     next(it)
   ready = time.perf_counter() - start
-  real = slots = 0
-  start = time.perf_counter()
-  for _ in range(batches):
-    mask = next(it)["attention_mask"]
-    real, slots = real + int(mask.sum()), slots + mask.size
-  secs = time.perf_counter() - start
+  rate = real_token_rate(it, batches)
   if hasattr(it, "close"):
     it.close()
-  return {"mode": mode, "workers": workers, "batches": batches, "seconds": round(secs, 3),
-          "startup_s": round(ready, 2), "real_tokens_per_s": round(real / secs),
-          "per_core": round(real / secs / max(workers, 1)),
-          "efficiency": round(real / slots, 4)}
+  return {"mode": mode, "workers": workers, "batches": batches,
+          "seconds": round(rate["seconds"], 3), "startup_s": round(ready, 2),
+          "real_tokens_per_s": rate["real_tokens_per_s"],
+          "per_core": round(rate["real_tokens_per_s"] / max(workers, 1)),
+          "efficiency": rate["efficiency"]}
 
 
 def main():

@@ -4,7 +4,21 @@
       --config.data.source=text_corpus/MYCORPUS --config.data.data_dir=gs://BUCKET/data
 
 A prepared tfds text corpus (python -m jaxencoder.data prepare text_corpus ...)
-is read from data_dir. bf16 compute, f32 params and Adam state, FSDP over all
+is read from data_dir. A bucket of text files, a tfds dataset already prepared as
+array_record, and a mixture of corpora (README "Corpora bigger than memory"):
+
+  python -m jaxencoder.data prepare text_corpus --source 'gs://BUCKET/web/*.txt' \
+      --data-dir gs://BUCKET/data --name web --tokenizer VOCAB
+  python -m jaxencoder.data prepare text_corpus --source tfds:wiki40b/en \
+      --tfds-data-dir gs://BUCKET/tensorflow_datasets --text-feature text \
+      --data-dir gs://BUCKET/data --name wiki --tokenizer VOCAB
+  python train.py --config configs/mlm_bert_base.py --workdir gs://BUCKET/bert_base \
+      --config.data.data_dir=gs://BUCKET/data --config.data.tokenizer=VOCAB \
+      --config.data.sources=text_corpus/web:0.7,text_corpus/wiki:0.3
+
+Token ids are stored once, in shards, and read by range (each process reads only the
+rows of its batches); prepare's and the trainer's memory do not grow with the corpus.
+bf16 compute, f32 params and Adam state, FSDP over all
 devices, scanned layers with dot-saving remat, packed 512-token rows.
 Starts on CPU (2026-12-01, 2 cores shared with other jobs, load average ~8), shrunk to
 a CPU-sized batch on the offline Shakespeare text:

@@ -262,6 +262,10 @@ class Tokenizer:
         self._max_length = max_length
       return self.hf.encode_batch(inputs, is_pretokenized=is_pretokenized)
 
+  def encodings(self, texts: Sequence[str]) -> list[tokenizers.Encoding]:
+    """The tokenizer's own encodings of `texts`, untruncated, unpadded (one Rust call)."""
+    return self._encode_raw(list(texts), None, False)
+
   def encode_batch(self, texts: Sequence, texts_b: Sequence | None = None, *,
                    max_length: int | None = None, pad_to: int | None = None,
                    is_pretokenized: bool = False, offsets: bool = False) -> Batch:

@@ -123,29 +123,25 @@ def mlm_run(tmp_path_factory, worker_id):
   """A finished 3-step, 3-layer tiny MLM run, trained once per test session and shared by
   the xdist workers (the first to take the lock trains it): read it, never resume or
   write into it. `.workdir`, `.root`, `.vocab`, `.config`, `.metrics`."""
-  import fcntl
-  import json
   import types
 
   import train_helpers as th
+  from data_helpers import built_once
   from jaxencoder.train.loop import train_and_evaluate
-  def config_for(source, vocab):
-    config = th.tiny_config(root, source, vocab, num_layers=3)
+  def config_for(folder, source, vocab):
+    config = th.tiny_config(folder, source, vocab, num_layers=3)
     config.num_train_steps = 3
     return config
 
-  base = tmp_path_factory.getbasetemp()
-  root = (base if worker_id == "master" else base.parent) / "mlm_run"
-  with open(f"{root}.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-    built = root / "built.json"
-    if not built.exists():
-      root.mkdir()
-      source = th.text_corpus(root)
-      metrics = train_and_evaluate(config_for(source, th.write_vocab(root)), root / "run")
-      built.write_text(json.dumps({"source": source, "metrics": metrics}))
-    record = json.loads(built.read_text())
+  def build(folder):
+    folder.mkdir()
+    source = th.text_corpus(folder)
+    metrics = train_and_evaluate(config_for(folder, source, th.write_vocab(folder)),
+                                 folder / "run")
+    return {"source": source, "metrics": metrics}
+
+  root, record = built_once(tmp_path_factory, worker_id, "mlm_run", build)
   vocab = root / "vocab.txt"
   return types.SimpleNamespace(workdir=root / "run", root=root, vocab=vocab,
-                               config=config_for(record["source"], vocab),
+                               config=config_for(root, record["source"], vocab),
                                metrics=record["metrics"])

@@ -1,5 +1,8 @@
 """Small shared fixtures for the data tests: a tiny vocab and tiny corpora."""
 
+import fcntl
+import json
+
 import numpy as np
 
 from jaxencoder.tokenizer import Tokenizer
@@ -18,3 +21,17 @@ def sentences(n: int, seed: int = 0) -> list[dict]:
   rng = np.random.default_rng(seed)
   return [{"text": " ".join(rng.choice(WORDS, size=rng.integers(1, 13))).encode(),
            "origin": f"mem:{i}".encode()} for i in range(n)]
+
+
+def built_once(tmp_path_factory, worker_id, name: str, build):
+  """(root, build(root)): `build` (a folder -> a JSON-able record) runs once per test
+  session; xdist workers share its folder and record through a file lock (the first
+  builds, the others read)."""
+  base = tmp_path_factory.getbasetemp()
+  root = (base if worker_id == "master" else base.parent) / name
+  with open(f"{root}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    done = root.parent / f"{name}.json"
+    if not done.exists():
+      done.write_text(json.dumps(build(root)))
+    return root, json.loads(done.read_text())

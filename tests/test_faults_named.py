@@ -3,7 +3,6 @@ safetensors files, a diverging loss and signals each end in one line that names 
 the step and what to do, never a traceback (JAXENCODER_TRACEBACK=1 shows one)."""
 
 import errno
-import json
 import logging
 import os
 import pathlib

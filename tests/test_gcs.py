@@ -279,7 +279,7 @@ def test_token_ids_stored_on_gcs_give_the_tokenizers_rows(gcs, tmp_path):
   (tmp_path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
   out = builders.prepare("text_corpus", gcs.url("raw"), gcs.url("prepared"), name="t",
                          tokenizer=str(tmp_path / "vocab.txt"))
-  assert "prepared/text_corpus/t/1.0.0/token_ids/train.ids.npy" in gcs.objects("prepared/")
+  assert "prepared/text_corpus/t/1.0.0/token_ids/manifest.json" in gcs.objects("prepared/")
   src, tok = sources.open_source(str(out)), Tokenizer.from_vocab(VOCAB)
   stored, _ = token_ids.stored(src, tok)
   want = token_ids.encode_rows(read_examples(src, [0, 1, 2]), tok, 5)

@@ -14,7 +14,6 @@ import optax
 import pytest
 import scipy.stats
 
-import train_helpers as th
 from conftest import random_ids, tiny_config
 from data_helpers import WORDS, tiny_tokenizer
 from jaxencoder.data import builders, records, shakespeare_tasks, sources

@@ -22,7 +22,7 @@ from jaxencoder.restore_targets import abstract_params, stored_encoder
 from jaxencoder import Encoder, EncoderForMaskedLM
 from jaxencoder.io.checkpoint import restore_params_only
 from jaxencoder.pooling import mean_pool
-from jaxencoder.pretrained import embed, encoder_params, load, save
+from jaxencoder.pretrained import embed, load, save
 from jaxencoder.io import run_dir
 from jaxencoder.pretrained.__main__ import convert
 from jaxencoder.pretrained.sentences import (SentenceConfig, length_buckets,

@@ -41,6 +41,17 @@ def test_corpus_order_is_reading_order_by_file_and_line_number():
   np.testing.assert_array_equal(files, np.repeat(np.arange(3), 8))
 
 
+def test_the_parts_of_a_long_document_stay_its_consecutive_segments_of_one_file():
+  # read_documents cuts a document longer than MAX_DOCUMENT_CHARS into `file:line part k`.
+  origins = ["/c/a.txt:1 part 1", "/c/a.txt:1 part 2", "/c/a.txt:1 part 10", "/c/a.txt:9",
+             "/c/b.txt:3 part 1", "/c/b.txt:3 part 2"]
+  shuffled = np.random.default_rng(1).permutation(len(origins))
+  source = [{"text": b"x", "origin": origins[i].encode()} for i in shuffled]
+  order, files = pairs.corpus_order(source)
+  assert [origins[shuffled[i]] for i in order] == origins
+  np.testing.assert_array_equal(files, [0, 0, 0, 0, 1, 1])
+
+
 @pytest.mark.parametrize("objective", pairs.OBJECTIVES)
 def test_pairs_are_consecutive_segments_or_what_the_label_says(objective):
   maker = pairs.PairMaker(corpus(), objective)

@@ -65,7 +65,6 @@ def main(argv=None) -> None:
 
 def run(args, overrides) -> dict:
   """Loads the config, compiles for the target, returns the report (a JSON-able dict)."""
-  import ml_collections
   from jaxencoder.aot.report import compile_config
   from jaxencoder.aot.targets import parse_target
   from jaxencoder.train.__main__ import load_config, quiet_library_logs

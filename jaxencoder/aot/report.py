@@ -170,6 +170,6 @@ def format_report(result: dict) -> str:
   lines.append(f"attention: {a['impl']} in {a['layers_on_kernel']} of {a['num_layers']} layers"
                f" (kernels counted in the compiled {a.get('counted_in', '-')}; "
                f"attention_impl={result['attention_impl']})")
-  lines.append(f"collective bytes: per chip per step, the larger of each op's operand and result")
+  lines.append("collective bytes: per chip per step, the larger of each op's operand and result")
   lines.append(result["verdict"] + f"  [{result['seconds']:.0f} s]")
   return "\n".join(lines)

@@ -57,12 +57,15 @@ def _stats(args):
 def _prepare(args):
   from jaxencoder.data import builders
   names = ("pattern", "unit", "encoding", "text_column", "text_b_column", "label_column",
-           "tokenizer")
+           "tokenizer", "text_feature", "tfds_data_dir")
   options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
   if args.no_header:
     options["header"] = False
+  if args.ids_only:
+    options["ids_only"] = True
   path = builders.prepare(args.kind, args.source, as_path(args.data_dir) / "tfds",
-                          name=args.name, overwrite=args.overwrite, **options)
+                          name=args.name, overwrite=args.overwrite, processes=args.processes,
+                          **options)
   print(path)
 
 
@@ -71,12 +74,18 @@ def _prepare_parser(sub):
   p = sub.add_parser("prepare", help="write an array_record dataset under DATA_DIR/tfds "
                      "(reused while its sources are unchanged)")
   p.add_argument("kind", help=", ".join(builders.KINDS))
-  p.add_argument("--source", required=True, help="a file or a directory of them")
+  p.add_argument("--source", required=True, help="a file, a directory (or bucket prefix) of "
+                 "them, a glob of file names in one (gs://b/corpus/*.txt), or for text_corpus "
+                 "a prepared tfds dataset: its directory or tfds:NAME (with --text-feature)")
   p.add_argument("--data-dir", required=True)
   p.add_argument("--name", default="default")
   p.add_argument("--pattern", help="text_corpus: which files (default *.txt)")
   p.add_argument("--unit", choices=("paragraph", "line", "file"), help="text_corpus: one "
                  "example per (default paragraph)")
+  p.add_argument("--text-feature", help="text_corpus from a prepared tfds dataset "
+                 "(array_record): the feature holding the text (every split is kept)")
+  p.add_argument("--tfds-data-dir", help="with --source tfds:NAME: where that dataset is "
+                 "prepared (tfds's data_dir)")
   p.add_argument("--encoding", help="of every text source file (default utf-8), e.g. latin-1")
   p.add_argument("--tokenizer", help="text_corpus: also store every example's token ids, "
                  "made by this vocab.txt / tokenizer.json / directory (reading then does no "
@@ -89,6 +98,11 @@ def _prepare_parser(sub):
   g.add_argument("--text-b-column", help="header name of the second text of a pair")
   g.add_argument("--no-header", action="store_true", help="the files have no header row: "
                  "columns are text,label or text,text_b,label")
+  p.add_argument("--ids-only", action="store_true", help="text_corpus with --tokenizer: "
+                 "keep only the token ids (a pretraining corpus: much faster to prepare; "
+                 "tasks that read the texts refuse it)")
+  p.add_argument("--processes", type=int, help="--tokenizer: processes tokenising (default: "
+                 "the cores, for a corpus of 20,000 examples or more)")
   p.add_argument("--overwrite", action="store_true",
                  help="rebuild even if the sources are unchanged")
 

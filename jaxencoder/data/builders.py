@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import io
 import json
 import logging
@@ -31,6 +32,7 @@ import os
 import pathlib
 import re
 import tempfile
+import types
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -42,7 +44,8 @@ from jaxencoder.io import paths
 log = logging.getLogger("jaxencoder")
 
 VERSION = "1.0.0"
-KEYS = "relative to the source"  # how examples are keyed (see _Builder._key)
+# how examples are keyed (see _Builder._key; text_corpus: in the order generated)
+KEYS = "relative to the source; text_corpus in order"
 FINGERPRINT = "fingerprint.json"  # beside dataset_info.json: what the dataset was built from
 NEW = "not prepared yet"  # `stale`'s reason when there is no dataset at all
 _F = tfds.features
@@ -63,6 +66,13 @@ class SourceConfig(tfds.core.BuilderConfig):
   text_b_column: str | None = None
   label_column: str = "label"
   header: bool = True
+  # text_corpus from a prepared tfds dataset (source: its directory, or "tfds:NAME" with
+  # tfds_data_dir): the feature holding the text; every split is kept
+  text_feature: str | None = None
+  tfds_data_dir: str | None = None
+  # text_corpus with a tokenizer: keep only the token ids, no records of the texts (a
+  # pretraining corpus: much faster to prepare; tasks that read text refuse it)
+  ids_only: bool = False
   # text_corpus: also store each example's token ids (data/token_ids.py) made by this
   # tokenizer (a vocab.txt / tokenizer.json / directory); fingerprinted by content.
   tokenizer: str | None = None
@@ -160,28 +170,90 @@ class _Builder(tfds.core.GeneratorBasedBuilder):
   def _split_generators(self, dl_manager):
     return {split: self._generate_examples(files) for split, files in self._groups().items()}
 
-  def _make_info(self, features: dict):
+  def _make_info(self, features: dict, in_order: bool = False):
+    """`in_order`: records in the order generated (integer keys), not by hashed key."""
     return tfds.core.DatasetInfo(builder=self, features=_F.FeaturesDict(features),
-                                 description=f"{self.name} from {self.cfg.source}")
+                                 description=f"{self.name} from {self.cfg.source}",
+                                 disable_shuffling=in_order)
 
 
 class TextCorpus(_Builder):
-  """Documents (paragraphs by default) from a directory of text files."""
+  """Documents (paragraphs by default) from a directory (or bucket prefix) of text files,
+  or the texts of a prepared tfds dataset (`text_feature`; its splits kept).
+
+  Records keep the documents' order (files sorted, then within each file), so that the
+  token ids written straight from the files (token_ids.write_files) line up with them.
+  """
 
   @classmethod
   def files(cls, cfg):
+    if cfg.text_feature:
+      return {"train": tfds_files(_tfds_builder(cfg))}
     files = readers.find_files(cfg.source, readers.matching(cfg.pattern))
     if not files:
       raise readers.DataError(f"{cfg.source}: no files match {cfg.pattern}")
     return {"train": files}
 
   def _info(self):
-    return self._make_info({"text": _F.Text(), "origin": _F.Text()})
+    return self._make_info({"text": _F.Text(), "origin": _F.Text()}, in_order=True)
+
+  def _split_generators(self, dl_manager):
+    if not self.cfg.text_feature:
+      return super()._split_generators(dl_manager)
+    builder = _tfds_builder(self.cfg)
+    return {split: self._tfds_examples(builder, split) for split in builder.info.splits}
 
   def _generate_examples(self, files):
-    for f in files:
-      for doc in readers.read_documents(f, unit=self.cfg.unit, encoding=self.cfg.encoding):
-        yield self._key(doc["origin"]), doc
+    docs = (doc for f in files
+            for doc in readers.read_documents(f, unit=self.cfg.unit, encoding=self.cfg.encoding))
+    yield from in_order(docs, sum(epath.Path(f).stat().length for f in files))
+
+  def _tfds_examples(self, builder, split: str):
+    """Record i of `split` as origin `NAME/split[i]` (cut when longer than
+    readers.MAX_DOCUMENT_CHARS); records without text are skipped."""
+    yield from in_order(tfds_documents(builder, split, self.cfg.text_feature),
+                        sum(f.stat().length for f in tfds_files(builder)))
+
+
+def in_order(docs, total_bytes: int):
+  """(key, doc): integer keys that keep the documents' order (tfds sorts by them when
+  `in_order`) and spread over its sort buckets: document k's key is proportional to k
+  plus the characters before it, which stay below 2 x total_bytes + 2."""
+  scale, before = 2**128 // (2 * total_bytes + 2), 0
+  for k, doc in enumerate(docs):
+    yield (before + k) * scale, doc
+    before += len(doc["text"])
+
+
+def tfds_documents(builder, split: str, feature: str):
+  """{"text", "origin"} of each record of a tfds split with text: origin `NAME/split[i]`,
+  cut when longer than readers.MAX_DOCUMENT_CHARS."""
+  source, name = builder.as_data_source(split=split), builder.info.full_name
+  for start in range(0, len(source), 1024):
+    for i, record in enumerate(source.__getitems__(range(start, min(start + 1024,
+                                                                      len(source)))), start):
+      text = readers.as_text(record[feature])
+      if text.strip():
+        yield from readers.cut_document(text, f"{name}/{split}[{i}]")
+
+
+def _tfds_builder(cfg: SourceConfig):
+  """The prepared tfds dataset a text_corpus reads (`source`: its directory or
+  "tfds:NAME"), with `text_feature` checked."""
+  from jaxencoder.data import sources
+  name = cfg.source[len("tfds:"):] if cfg.source.startswith("tfds:") else cfg.source
+  builder = sources.open_builder(name, cfg.tfds_data_dir)
+  features = builder.info.features
+  if cfg.text_feature not in features:
+    raise readers.DataError(f"{cfg.source}: no feature {cfg.text_feature!r} to read text from; "
+                            f"it has {', '.join(sorted(features))}: pass --text-feature")
+  return builder
+
+
+def tfds_files(builder) -> list[epath.Path]:
+  """The files of a prepared tfds dataset (what fingerprints it)."""
+  root = epath.Path(str(builder.data_dir))
+  return [root / name for name in paths.files_under(root)]
 
 
 class TextClassification(_Builder):
@@ -415,7 +487,7 @@ TEXT_KINDS = tuple(name for name, kind in KINDS.items() if kind.text)  # tokeniz
 
 
 def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bool = False,
-            **options) -> epath.Path:
+            processes: int | None = None, **options) -> epath.Path:
   """Parses `source` with builder `kind` into `data_dir/kind/name/1.0.0` (array_record).
 
   Re-running is cheap and safe: the dataset's fingerprint.json (sha256 of every input
@@ -424,13 +496,19 @@ def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bo
   is built in a temporary folder and replaces the old one only when complete, so a
   failed rebuild keeps the old one (and its now stale fingerprint: the next run retries).
   Either path may be a gs:// URL: the dataset is built locally and uploaded,
-  dataset_info.json last (it marks the dataset complete).
+  dataset_info.json last (it marks the dataset complete). `processes`: how many
+  tokenise the token ids (default: the cores, for a large corpus; token_ids.write).
   """
   if kind not in BUILDERS:
     raise ValueError(f"unknown kind {kind!r}; choose from {sorted(BUILDERS)}")
   if options.get("tokenizer") and kind != "text_corpus":
     raise ValueError(f"tokenizer: token ids are stored for text_corpus, not {kind}")
-  config = SourceConfig(name=name, source=str(source), **options)
+  if options.get("text_feature") and kind != "text_corpus":
+    raise ValueError(f"text_feature: a tfds dataset's texts make a text_corpus, not {kind}")
+  if options.get("ids_only") and not (kind == "text_corpus" and options.get("tokenizer")):
+    raise ValueError("ids_only: keeps a text_corpus's token ids only, so it needs a tokenizer")
+  source, options = _split_glob(str(source), options)
+  config = SourceConfig(name=name, source=source, **options)
   out = paths.as_path(data_dir) / kind / name / VERSION
   stamp = fingerprint(kind, config)
   reason = "overwrite requested" if overwrite else stale(out, stamp)
@@ -443,12 +521,41 @@ def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bo
   if staging is not None:
     paths.make_dirs(staging)  # same file system as `out`: the swap is two renames
   with tempfile.TemporaryDirectory(dir=staging, prefix=".prepare-") as tmp:
-    built = _build(kind, config, tmp)
+    built = paths.as_path(tmp) / "ids" if config.ids_only else _build(kind, config, tmp)
     if config.tokenizer:
-      token_ids.write(built, load_tokenizer(config.tokenizer))
+      write_token_ids(config, built, processes)
     (built / FINGERPRINT).write_text(json.dumps(stamp, indent=1) + "\n")
-    _replace(out, built, trash=pathlib.Path(tmp) / "replaced")
+    _replace(out, built, trash=pathlib.Path(tmp) / "replaced",
+             last=f"{token_ids.DIR}/{token_ids.MANIFEST}" if config.ids_only else None)
   return out
+
+
+def _split_glob(source: str, options: dict) -> tuple[str, dict]:
+  """A source ending in a glob (`gs://b/corpus/*.txt`) -> (its folder, the pattern)."""
+  head, slash, last = source.rstrip("/").rpartition("/")
+  if not any(c in source for c in "*?["):
+    return source, options
+  head = head if slash else "."
+  if any(c in head for c in "*?["):
+    raise ValueError(f"{source}: only the last part of a source may hold * ? [ (a pattern "
+                     "of file names under one folder)")
+  if options.get("pattern") not in (None, last):
+    raise ValueError(f"{source}: a pattern in the source and --pattern {options['pattern']!r}")
+  return head, {**options, "pattern": last}
+
+
+def write_token_ids(config: SourceConfig, built: epath.Path, processes: int | None) -> None:
+  """A text_corpus's token ids: straight from its text files (in the records' order), or
+  from the records of one made from a tfds dataset."""
+  tokenizer = load_tokenizer(config.tokenizer)
+  if config.text_feature and config.ids_only:
+    raise ValueError("ids_only: a text_corpus from a tfds dataset keeps its records (drop "
+                     "--ids-only)")
+  if config.text_feature:
+    token_ids.write(built, tokenizer, processes=processes)
+  else:
+    token_ids.write_files(built, TextCorpus.files(config), tokenizer, unit=config.unit,
+                          encoding=config.encoding, processes=processes)
 
 
 def fingerprint(kind: str, config: SourceConfig) -> dict:
@@ -478,7 +585,8 @@ def relative_to(path, root, fallback: str | None = None) -> str:
 
 def stale(out: epath.Path, stamp: dict) -> str | None:
   """Why the dataset at `out` does not match `stamp` (None: it does)."""
-  if not (out / "dataset_info.json").exists():
+  ids_only = stamp["options"].get("ids_only")
+  if not (out / ("fingerprint.json" if ids_only else "dataset_info.json")).exists():
     return "incomplete" if out.exists() else NEW
   if not (out / FINGERPRINT).exists():
     return "no fingerprint (prepared by an older jaxencoder)"
@@ -501,12 +609,22 @@ def stale(out: epath.Path, stamp: dict) -> str | None:
   if old_digest != new_digest:
     return ("token ids " + ("no longer wanted" if new_digest is None else
                             "made by another tokenizer" if old_digest else "wanted"))
+  if new_digest is not None and not token_ids.is_complete(out):
+    return "token ids incomplete or in an older layout"
   if old.get("keys") != stamp["keys"]:
     return "example keys changed (prepared by an older jaxencoder)"
   return None
 
 
 def _sha256(path) -> str:
+  """sha256 of a local file's bytes; for an object in a bucket, the digest the store
+  keeps (md5 / crc32c, with size and generation), so a bucket corpus is not read twice."""
+  if paths.is_url(path):
+    import fsspec
+    fs, _ = fsspec.core.url_to_fs(str(path))
+    info = fs.info(str(path))
+    kept = {k: info[k] for k in ("md5Hash", "crc32c", "size", "generation") if info.get(k)}
+    return "object:" + json.dumps(kept, sort_keys=True)
   digest = hashlib.sha256()
   with epath.Path(path).open("rb") as f:
     while chunk := f.read(_CHUNK):
@@ -514,18 +632,21 @@ def _sha256(path) -> str:
   return digest.hexdigest()
 
 
-def _replace(out: epath.Path, built: epath.Path, trash: pathlib.Path) -> None:
+def _replace(out: epath.Path, built: epath.Path, trash: pathlib.Path,
+             last: str | None = None) -> None:
   """Puts the complete dataset `built` at `out`, in place of any old one.
 
   Locally two renames. On Cloud Storage a rename is a copy and a delete of every
   object, so the old objects go (dataset_info.json first: incomplete from then on)
-  and the new ones are uploaded, dataset_info.json last.
+  and the new ones are uploaded, `last` (default dataset_info.json) last.
   """
+  last = last or "dataset_info.json"
   if paths.is_url(out):
     if out.exists():
-      (out / "dataset_info.json").unlink(missing_ok=True)
+      for marker in {"dataset_info.json", last}:
+        (out / marker).unlink(missing_ok=True)
       out.rmtree()
-    paths.copy_tree(built, out, last="dataset_info.json")
+    paths.copy_tree(built, out, last=last)
     return
   paths.make_dirs(out.parent)
   if out.exists():
@@ -534,11 +655,44 @@ def _replace(out: epath.Path, built: epath.Path, trash: pathlib.Path) -> None:
 
 
 def _build(kind: str, config: SourceConfig, data_dir) -> epath.Path:
-  with _quiet_tfds():
+  with _quiet_tfds(), _bounded_tfds_writer():
     builder = BUILDERS[kind](data_dir=str(data_dir), config=config, file_format="array_record")
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   return paths.as_path(builder.data_dir)
+
+
+SORT_IN_MEMORY = 64 << 20  # bytes of a split's examples tfds sorts in memory (default 1 GB)
+
+
+@contextlib.contextmanager
+def _bounded_tfds_writer():
+  """tfds's writer sorts a split's serialized examples (by hashed key) in memory up to
+  1 GB, then spills them to 1,000 bucket files through tf.io.gfile: TensorFlow, which a
+  jaxencoder install lacks, so a larger split failed. Here it spills past
+  SORT_IN_MEMORY, to plain local files where TensorFlow is absent, so prepare's memory
+  stays bounded for any corpus size (each bucket is sorted alone: 1/1000 of the split)."""
+  from tensorflow_datasets.core import shuffle
+  saved = shuffle.MAX_MEM_BUFFER_SIZE, shuffle.tf
+  shuffle.MAX_MEM_BUFFER_SIZE = SORT_IN_MEMORY
+  if importlib.util.find_spec("tensorflow") is None:  # else its gfile writes the buckets
+    shuffle.tf = _LOCAL_GFILE
+  try:
+    yield
+  finally:
+    shuffle.MAX_MEM_BUFFER_SIZE, shuffle.tf = saved
+
+
+class _NeverRaised(Exception):
+  """tfds catches tf.errors.ResourceExhaustedError around bucket writes; plain files
+  raise OSError instead."""
+
+
+# What tfds's shuffler asks of TensorFlow (tf.io.gfile, tf.errors), on local files.
+_LOCAL_GFILE = types.SimpleNamespace(
+    io=types.SimpleNamespace(gfile=types.SimpleNamespace(GFile=open, exists=os.path.exists,
+                                                         remove=os.remove)),
+    errors=types.SimpleNamespace(ResourceExhaustedError=_NeverRaised))
 
 
 @contextlib.contextmanager
@@ -568,6 +722,7 @@ FETCHED = {
     **{name: ("text_records", {}) for name in shakespeare_tasks.SOURCES},
     "wsj_pos": ("tagged_tokens", {}),
     "fine_foods": ("text_classification", {}),
+    "austen": ("text_corpus", {"pattern": "*.txt"}),
 }
 
 

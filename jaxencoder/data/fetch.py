@@ -11,12 +11,15 @@
                  (Penn Treebank WSJ sample, gold POS; "for personal use": demos only)
   fine_foods     apt-get download r-cran-modeldata      → raw/fine_foods/{train,test}.csv
                  (Amazon fine-food reviews, score great/other; 4000 / 1000)
+  austen         apt-get download r-cran-janeaustenr    → raw/austen/<book>.txt
+                 (Jane Austen's six novels, ~718k words; an MLM corpus)
 
 data_dir may be a gs:// URL: files are downloaded locally, then copied there.
 """
 
 from __future__ import annotations
 
+import bz2
 import csv
 import gzip
 import io
@@ -28,6 +31,7 @@ import tarfile
 import tempfile
 import warnings
 import zipfile
+import zlib
 
 from etils import epath
 
@@ -35,8 +39,10 @@ from jaxencoder.data import shakespeare_tasks
 from jaxencoder.data.readers import DataError
 from jaxencoder.io import paths
 
-SOURCES = ("shakespeare", "fashion_mnist", "ucr", "wsj_pos", "fine_foods"
+SOURCES = ("shakespeare", "fashion_mnist", "ucr", "wsj_pos", "fine_foods", "austen"
            ) + shakespeare_tasks.SOURCES
+AUSTEN_BOOKS = ("prideprejudice", "sensesensibility", "mansfieldpark", "emma",
+                "northangerabbey", "persuasion")  # janeaustenr's objects: one line each
 WSJ_TEST_EVERY = 10  # wsj_pos: every 10th line of the corpus (a WSJ passage) is test
 UCR_PREFIX = "ucr/"  # "ucr/<NAME>": one set of the ucr source
 
@@ -88,7 +94,7 @@ def fetch(name: str, data_dir) -> epath.Path:
   else:
     with tempfile.TemporaryDirectory() as tmp:
       {"shakespeare": _shakespeare, "fashion_mnist": _fashion_mnist, "ucr": _ucr,
-       "wsj_pos": _wsj_pos, "fine_foods": _fine_foods}[name](
+       "wsj_pos": _wsj_pos, "fine_foods": _fine_foods, "austen": _austen}[name](
           pathlib.Path(tmp), out)
   (out / ".complete").write_text("ok\n")
   return out
@@ -181,28 +187,55 @@ def write_fine_foods(rows: dict[str, list[tuple[str, str]]], out) -> None:
     (out / f"{split}.csv").write_text(buffer.getvalue())
 
 
+def _austen(tmp, out):
+  _run(["apt-get", "download", "r-cran-janeaustenr"], tmp)
+  _run(["dpkg-deb", "-x", str(next(tmp.glob("*.deb"))), str(tmp / "x")], tmp)
+  db = next((tmp / "x").rglob("janeaustenr/data/Rdata.rdx")).with_suffix("")
+  books = read_lazyload(db, AUSTEN_BOOKS)
+  write_austen({book: [str(line) for line in lines] for book, lines in books.items()}, out)
+
+
+def write_austen(books: dict[str, list[str]], out) -> None:
+  """{book: lines} -> out/<book>.txt (UTF-8), one line each; blank lines are kept, so
+  paragraphs stay blank-line separated."""
+  paths.make_dirs(out)
+  for book, lines in books.items():
+    (out / f"{book}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def read_lazyload(db: pathlib.Path, names) -> dict:
   """Objects of an R lazy-load DB (`db`.rdx + `db`.rdb) as Python values, without R.
 
-  The .rdx is a gzip RDS index of (offset, length) per object; each .rdb chunk is a
-  4-byte length, a `Z` byte, then raw LZMA2 of the object's RDS bytes.
+  The .rdx is a gzip RDS index of (offset, length) per object and how the DB is
+  compressed (R's `compress`: TRUE / 1 zlib, 2 bzip2, 3 xz; xz when not recorded).
+  Each .rdb chunk is a 4-byte length, then a zlib stream, or a type byte (`2` bzip2,
+  `Z` raw LZMA2, `0` stored) and the object's RDS bytes.
   """
-  index = _rds(gzip.decompress(db.with_suffix(".rdx").read_bytes()))["variables"]
+  rdx = _rds(gzip.decompress(db.with_suffix(".rdx").read_bytes()))
+  index, method = rdx["variables"], int(rdx.get("compressed", [3])[0])
   blob = db.with_suffix(".rdb").read_bytes()
   objects = {}
   for name in names:
     offset, length = (int(v) for v in index[name])
     chunk = blob[offset:offset + length]
-    if chunk[4:5] != b"Z":
-      raise DataError(f"{db}.rdb: object {name!r} is not LZMA-compressed ({chunk[4:5]!r})")
-    raw = lzma.decompress(chunk[5:], format=lzma.FORMAT_RAW,
-                          filters=[{"id": lzma.FILTER_LZMA2}])
+    kind, body = chunk[4:5], chunk[5:]
+    if method == 1:
+      raw = zlib.decompress(chunk[4:])
+    elif kind == b"0":
+      raw = body
+    elif (method, kind) == (2, b"2"):
+      raw = bz2.decompress(body)
+    elif (method, kind) == (3, b"Z"):
+      raw = lzma.decompress(body, format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2}])
+    else:
+      raise DataError(f"{db}.rdb: object {name!r}: unknown compression {method} / {kind!r}")
     objects[name] = _rds(raw)
   return objects
 
 
 def _rds(data: bytes):
-  """RDS bytes -> Python (data frames as pandas); `rdata` is needed by fine_foods only."""
+  """RDS bytes -> Python (data frames as pandas); `rdata` is needed by fine_foods and
+  austen only."""
   import rdata
   with warnings.catch_warnings():  # "assumed RDS", "missing constructor for tbl_df"
     warnings.simplefilter("ignore", UserWarning)

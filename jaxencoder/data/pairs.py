@@ -1,8 +1,9 @@
 """Sentence pairs from consecutive segments of a text corpus: BERT's next-sentence
 prediction (NSP) and ALBERT's sentence-order prediction (SOP).
 
-A prepared corpus stores its segments (paragraphs by default) in key-hash order;
-`corpus_order` restores reading order from each one's origin (`file:line`). A pair
+`corpus_order` puts a prepared corpus's segments (paragraphs by default) in reading
+order from each one's origin (`file:line`, or `file:line part k` for the parts of a
+document too long to hold whole, which stay one document's consecutive segments). A pair
 starts at a segment whose successor lies in the same file, and is, with equal odds:
   nsp   label 0: (a, its next segment)   label 1: (a, a random segment of another file)
   sop   label 0: (a, next), in order     label 1: (next, a), swapped
@@ -13,6 +14,8 @@ BERT-masked like MLM rows, plus `pair_labels` [B] int32 and `example_weights` [B
 
 from __future__ import annotations
 
+import re
+
 import grain
 import numpy as np
 
@@ -22,21 +25,26 @@ from jaxencoder.data.pipeline import Reading
 from jaxencoder.data.readers import DataError, as_text
 
 OBJECTIVES = ("nsp", "sop")
+_ORIGIN = re.compile(r"(.*):(\d+)(?: part (\d+))?")  # file, line, part
 
 
 def corpus_order(source) -> tuple[np.ndarray, np.ndarray]:
   """(indices of `source` in reading order [N], each one's file number [N]), from the
-  examples' `origin` ("file:line"); one batched read where the source allows it."""
+  examples' `origin` ("file:line" or "file:line part k"); one batched read where the
+  source allows it."""
   indices = list(range(len(source)))
   examples = pipeline.read_examples(source, indices)
   keys = []
   for i, ex in enumerate(examples):
     origin = as_text(ex["origin"])
-    file, _, line = origin.rpartition(":")
-    keys.append((file, int(line), i) if line.isdigit() else (file + ":" + line, 0, i))
+    where = _ORIGIN.fullmatch(origin)
+    if where:
+      keys.append((where[1], int(where[2]), int(where[3] or 1), i))
+    else:  # no line number: an origin of its own
+      keys.append((origin, 0, 0, i))
   keys.sort()
-  order = np.array([i for _, _, i in keys], np.int64)
-  _, files = np.unique([f for f, _, _ in keys], return_inverse=True)
+  order = np.array([key[-1] for key in keys], np.int64)
+  _, files = np.unique([key[0] for key in keys], return_inverse=True)
   return order, files.astype(np.int64)
 
 

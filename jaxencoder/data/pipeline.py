@@ -47,7 +47,7 @@ import numpy as np
 from grain import experimental as grain_exp
 
 from jaxencoder.data import mlm as mlm_lib
-from jaxencoder.data import packing, token_ids
+from jaxencoder.data import mixture, packing, token_ids
 from jaxencoder.data.readers import DataError, as_text, check_not_empty
 
 TEXT_KEYS = ("input_ids", "token_type_ids")
@@ -76,8 +76,9 @@ def _shard(shard_index, shard_count) -> tuple[int, int]:
 
 
 def examples(source, *, seed: int | None = 0, num_epochs: int | None = 1) -> grain.MapDataset:
-  """All of `source`, shuffled by `seed` (None: keep order), repeated; shard with `shard`."""
-  ds = grain.MapDataset.source(source)
+  """All of `source` (a sequence or MapDataset), shuffled by `seed` (None: keep order),
+  repeated; shard with `shard`."""
+  ds = source if isinstance(source, grain.MapDataset) else grain.MapDataset.source(source)
   if seed is not None:
     ds = ds.shuffle(seed=seed)
   return ds.repeat(num_epochs)
@@ -217,6 +218,37 @@ def read_examples(source, indices) -> list:
   return list(read(indices)) if read else [source[i] for i in indices]
 
 
+def text_rows(source, stored, index_N: np.ndarray, tokenizer, seq_len: int,
+              text_key: str = "text") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """`input_ids`, `word_ids` [N, seq_len] and lengths [N] of `source`'s examples
+  `index_N`: gathered from `stored` (`token_ids.stored(source, ...)`) when not None,
+  else tokenised."""
+  if stored is None:
+    return token_ids.encode_rows(read_examples(source, index_N.tolist()), tokenizer, seq_len,
+                                 text_key)
+  ids, records = stored
+  return ids.rows(index_N if records is None else records(index_N), seq_len, tokenizer.pad_id)
+
+
+def text_reader(source, tokenizer, read: Reading, *, use_stored_ids: bool = True,
+                text_key: str = "text"):
+  """(order, rows) of a text source or a `mixture.Mixture`: `order[e]` is what global
+  element e reads (shuffled by read.seed, repeated read.num_epochs times), and
+  `rows(picks, seq_len)` the `input_ids`, `word_ids` [N, seq_len] and lengths [N] of
+  N of them, from stored token ids where the source has them (and `use_stored_ids`)."""
+  if isinstance(source, mixture.Mixture):
+    stored = source.stored(tokenizer) if use_stored_ids else [None] * len(source.members)
+    def rows(picks, seq_len):
+      return source.text_rows(picks, lambda k, records_M: text_rows(
+          source.members[k], stored[k], records_M, tokenizer, seq_len, text_key))
+    return source.order(read.seed, read.num_epochs), rows
+  stored = token_ids.stored(source, tokenizer) if use_stored_ids else None
+  order = examples(grain.MapDataset.range(len(source)), seed=read.seed,
+                   num_epochs=read.num_epochs)
+  return order, lambda picks, seq_len: text_rows(source, stored, np.asarray(picks, np.int64),
+                                                 tokenizer, seq_len, text_key)
+
+
 def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str = "pad",
                  mask: mlm_lib.MaskSpec | None = None, pack_examples: int | None = None,
                  text_key: str = "text", use_stored_ids: bool = True,
@@ -233,21 +265,14 @@ def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str 
   if mode not in ("pad", "pack"):
     raise ValueError(f"mode must be 'pad' or 'pack', got {mode!r}")
   mask = mask or default_mask(tokenizer)
-  stored = token_ids.stored(source, tokenizer) if use_stored_ids else None
-  order = examples(np.arange(len(source)), seed=read.seed, num_epochs=read.num_epochs)
+  order, text_rows_of = text_reader(source, tokenizer, read, use_stored_ids=use_stored_ids,
+                                    text_key=text_key)
   pad_id = tokenizer.pad_id
   chunk_rows = batch_size if mode == "pad" else (pack_examples or 4 * batch_size)
 
   def chunk(e_R):
     real_R = e_R >= 0
-    index_N = np.array([order[int(e)] for e in e_R[real_R]], np.int64)
-    if stored is not None:
-      ids, record_index = stored
-      ids_NxL, words_NxL, lengths_N = ids.rows(
-          index_N if record_index is None else record_index[index_N], seq_len, pad_id)
-    else:
-      ids_NxL, words_NxL, lengths_N = token_ids.encode_rows(
-          read_examples(source, index_N.tolist()), tokenizer, seq_len, text_key)
+    ids_NxL, words_NxL, lengths_N = text_rows_of([order[int(e)] for e in e_R[real_R]], seq_len)
     draws = mlm_lib.counter_uniforms(read.seed or 0, e_R[real_R], seq_len)
     out = mlm_lib.mask_batch(ids_NxL, mask, draws, words_NxL)
     if mode == "pad":

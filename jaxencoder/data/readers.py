@@ -12,6 +12,7 @@ split, anything else is "train". Sources may be local or gs:// (read through epa
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
 import decimal
@@ -133,22 +134,136 @@ def read_text(path, encoding: str = "utf-8") -> str:
 
 
 # --- text corpus -----------------------------------------------------------------------
+READ_BYTES = 1 << 20  # bytes per read of a text_corpus file
+# characters per text_corpus example; longer documents are cut (the tokenizer needs about
+# 190 bytes per character of a text while it encodes it: 50 MB for the longest)
+MAX_DOCUMENT_CHARS = 1 << 18
+_LINE_ENDS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # where str.splitlines splits
+_LAST_SPACE = re.compile(r"\s\S*\Z")
+
+
 def read_documents(path, *, unit: str = "paragraph", encoding: str = "utf-8") -> Iterator[dict]:
-  """Yields {"text", "origin"} per paragraph (blank-line separated), line or file."""
-  lines = read_text(path, encoding).splitlines()
-  if unit == "file":
-    yield {"text": "\n".join(lines).strip(), "origin": where(path, 1)}
-    return
-  if unit not in ("paragraph", "line"):
+  """Yields {"text", "origin"} per paragraph (blank-line separated), line or file.
+
+  A paragraph joins its lines, each stripped, with a space; a line is stripped; a file
+  keeps its line breaks (as "\\n") and is stripped. The file is read READ_BYTES at a time
+  (`read_lines`), and a document longer than MAX_DOCUMENT_CHARS characters becomes
+  several examples, cut at the last whitespace that fits (a longer word is cut too),
+  origins `file:line part 1`, `part 2`, ... So reading holds at most about
+  2 x (READ_BYTES + MAX_DOCUMENT_CHARS) characters (2.5 Mi: 2.5 MiB of ASCII) whatever the
+  line length; shorter documents are what they always were.
+  """
+  if unit not in ("paragraph", "line", "file"):
     raise ValueError(f"unit must be paragraph, line or file, got {unit!r}")
-  block, start = [], None
-  for no, line in enumerate(lines + [""], start=1):
-    if line.strip():
-      block.append(line.strip())
-      start = no if start is None else start
-    if block and (unit == "line" or not line.strip()):
-      yield {"text": " ".join(block), "origin": where(path, start)}
-      block, start = [], None
+  doc, lead, held = _Document(path), True, ""  # lead: no text yet on this line
+  for no, text, ends in read_lines(path, encoding):
+    if unit == "file":
+      yield from doc.add(no, text + "\n" if ends else text)
+    elif unit == "line":
+      yield from doc.add(no, text)
+      if ends:
+        yield from doc.end()
+    else:  # paragraph: `held` is whitespace that is inside the line if more text follows
+      if lead and text.strip():
+        text, held, lead = text.lstrip(), " " if doc.size else "", False
+      body = text.rstrip()
+      if not lead and body:
+        yield from doc.add(no, held + body)
+        held = text[len(body):]
+      elif not lead:
+        held = (held + text)[:MAX_DOCUMENT_CHARS + 1]  # a longer run is a cut anyway
+      if ends:
+        if lead:  # a blank line
+          yield from doc.end()
+        lead, held = True, ""
+  yield from doc.end()
+
+
+def cut_document(text: str, origin: str) -> list[dict]:
+  """{"text", "origin"} examples of one document (stripped): itself, or if longer than
+  MAX_DOCUMENT_CHARS, its parts as `read_documents` cuts them (`origin part k`)."""
+  doc = _Document(origin)
+  return doc.add(None, text) + doc.end()
+
+
+class _Document:
+  """One document's text, added a piece at a time; given out as examples of at most
+  MAX_DOCUMENT_CHARS characters, each cut at the last whitespace that fits."""
+
+  def __init__(self, path):
+    self.path, self.parts, self.size, self.start, self.count = path, [], 0, None, 0
+
+  def add(self, no: int, text: str) -> list[dict]:
+    self.start = no if self.start is None else self.start
+    self.parts.append(text)
+    self.size += len(text)
+    if self.size <= MAX_DOCUMENT_CHARS:
+      return []
+    out, rest = [], "".join(self.parts).lstrip()
+    while len(rest) > MAX_DOCUMENT_CHARS and not rest[MAX_DOCUMENT_CHARS:].isspace():
+      space = _LAST_SPACE.search(rest, 0, MAX_DOCUMENT_CHARS + 1)
+      cut = space.start() if space else MAX_DOCUMENT_CHARS
+      out += self._example(rest[:cut], last=False)
+      rest = rest[cut:].lstrip()
+    rest = rest[:MAX_DOCUMENT_CHARS + 1]  # only whitespace past the bound: more changes nothing
+    self.parts, self.size = [rest], len(rest)
+    return out
+
+  def end(self) -> list[dict]:
+    out = self._example("".join(self.parts), last=True)
+    self.parts, self.size, self.start, self.count = [], 0, None, 0
+    return out
+
+  def _example(self, text: str, last: bool) -> list[dict]:
+    text = text.strip()
+    if not text:
+      return []
+    self.count += 1
+    part = f" part {self.count}" if self.count > 1 or not last else ""
+    return [{"text": text, "origin": where(self.path, self.start) + part}]
+
+
+def read_lines(path, encoding: str = "utf-8") -> Iterator[tuple[int, str, bool]]:
+  """(line number, text, whether the line ends there) of each line of a text file, read
+  READ_BYTES at a time; a longer line comes in several pieces, the last one ending it.
+  Lines split where str.splitlines splits, their ends dropped. Bytes that do not decode
+  are an error naming their line (its number counted in b"\\n"), and so is an empty or
+  all-whitespace file."""
+  try:
+    decoder = codecs.getincrementaldecoder(encoding)()
+  except LookupError:
+    raise DataError(f"{where(path)}: unknown encoding {encoding!r}") from None
+  no, pending, newlines, blank, open_line = 1, "", 0, True, False
+  with epath.Path(path).open("rb") as f:
+    while True:
+      raw = f.read(READ_BYTES)
+      held = decoder.getstate()[0]  # undecoded bytes of the last read, decoded with these
+      try:
+        text = decoder.decode(raw, final=not raw)
+      except UnicodeDecodeError as e:
+        line = newlines - held.count(b"\n") + e.object.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{where(path, line)}: byte {e.object[e.start]:#04x} is not valid "
+                        f"{encoding}; pass the file's encoding, e.g. --encoding latin-1") from None
+      newlines += raw.count(b"\n")
+      blank = blank and (not text or text.isspace())
+      lines = (pending + text).splitlines(keepends=True) or ([""] if open_line and not raw else [])
+      pending = lines.pop() if raw and lines and _unended(lines[-1]) else ""
+      for line in lines:
+        yield no, line.rstrip(_LINE_ENDS), True
+        no, open_line = no + 1, False
+      if not raw:
+        break
+      if len(pending) > READ_BYTES:  # a long line: give out what there is (a "\r" waits)
+        keep = 1 if pending.endswith("\r") else 0
+        yield no, pending[:len(pending) - keep], False
+        pending, open_line = pending[len(pending) - keep:], True
+  if blank:
+    raise DataError(f"{where(path)}: file is empty")
+
+
+def _unended(line: str) -> bool:
+  """Whether a line from splitlines(keepends=True) may go on in the next read."""
+  return not line.endswith(tuple(_LINE_ENDS)) or line.endswith("\r")
 
 
 # --- text classification ---------------------------------------------------------------

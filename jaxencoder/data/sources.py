@@ -9,6 +9,7 @@ from __future__ import annotations
 import tensorflow_datasets as tfds
 from etils import epath
 
+from jaxencoder.data import token_ids
 from jaxencoder.data.readers import DataError
 from jaxencoder.io.paths import as_path
 
@@ -20,6 +21,17 @@ def _versioned_dir(path: epath.Path) -> epath.Path | None:
   versions = sorted((p for p in path.glob("*") if (p / "dataset_info.json").exists()),
                     key=lambda p: tfds.core.Version(p.name) if _is_version(p.name) else p.name)
   return versions[-1] if versions else None
+
+
+def _ids_only_dir(path: epath.Path) -> epath.Path | None:
+  """`path` (or its newest version subdir) when it holds token ids and no records."""
+  for candidate in [path] + sorted(path.glob("*"), key=lambda p: p.name, reverse=True):
+    if ((candidate / token_ids.DIR / token_ids.MANIFEST).exists()
+        and not (candidate / "dataset_info.json").exists()):
+      return candidate
+    if candidate is path and not path.is_dir():
+      return None
+  return None
 
 
 def _is_version(name: str) -> bool:
@@ -54,7 +66,12 @@ def open_builder(name: str, data_dir=None):
 
 
 def open_source(name: str, split: str = "train", data_dir=None):
-  """Random-access source (len, [i], __getitems__) for one split; grain can read it."""
+  """Random-access source (len, [i], __getitems__) for one split; grain can read it. A
+  text corpus prepared with --ids-only gives its token ids (token_ids.IdsOnly)."""
+  for path in [as_path(name)] + ([as_path(data_dir) / name] if data_dir is not None else []):
+    ids_only = _ids_only_dir(path)
+    if ids_only is not None:
+      return token_ids.IdsOnly(ids_only, split)
   builder = open_builder(name, data_dir)
   if split not in builder.info.splits:
     raise DataError(f"{name}: no split {split!r}; has {sorted(builder.info.splits)}")

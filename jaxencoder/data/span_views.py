@@ -14,7 +14,7 @@ from __future__ import annotations
 import grain
 import numpy as np
 
-from jaxencoder.data import pipeline, token_ids
+from jaxencoder.data import pipeline
 from jaxencoder.data.pipeline import Reading
 
 
@@ -50,20 +50,12 @@ def halves(ids_NxT: np.ndarray, words_NxT: np.ndarray, lengths_N: np.ndarray, se
 def halves_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, text_key: str = "text",
                     read: Reading = Reading()) -> grain.IterDataset:
   """Batches of (first half, second half) pairs of `source`'s texts, [B, 2, seq_len]."""
-  stored = token_ids.stored(source, tokenizer)
-  order = pipeline.examples(np.arange(len(source)), seed=read.seed, num_epochs=read.num_epochs)
+  order, text_rows_of = pipeline.text_reader(source, tokenizer, read, text_key=text_key)
   read_len = 2 * seq_len  # room for two halves of seq_len - 2 tokens each
 
   def chunk(e_R):
     real_R = e_R >= 0
-    index_N = np.array([order[int(e)] for e in e_R[real_R]], np.int64)
-    if stored is not None:
-      ids, record_index = stored
-      rows = ids.rows(index_N if record_index is None else record_index[index_N], read_len,
-                      tokenizer.pad_id)
-    else:
-      rows = token_ids.encode_rows(pipeline.read_examples(source, index_N.tolist()), tokenizer,
-                                   read_len, text_key)
+    rows = text_rows_of([order[int(e)] for e in e_R[real_R]], read_len)
     ids_Nx2xL, mask_Nx2xL = halves(*rows, seq_len, tokenizer.cls_id, tokenizer.sep_id,
                                    tokenizer.pad_id)
     out = {"input_ids": np.full((len(e_R), 2, seq_len), tokenizer.pad_id, np.int32),

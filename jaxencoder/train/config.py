@@ -64,6 +64,10 @@ def base_config() -> ml_collections.ConfigDict:
       views="dropout",
       min_words=3,  # seq2seq: sentences of min_words..max_words words to restore
       max_words=10,
+      # text_corpus: several sources in fixed proportions, "NAME:WEIGHT,..." (e.g.
+      # "shakespeare:0.7,austen:0.3"; each NAME as data.source takes it); replaces
+      # data.source; each is held out as below (data/mixture.py)
+      sources="",
       eval_split="",  # "" = hold out every `holdout_every`-th train example
       holdout_every=20,
       # a split evaluated once after training, with the checkpoint kept as best on the eval

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any, Callable
 
@@ -15,11 +16,14 @@ from jax.experimental import multihost_utils
 from jaxencoder.data import builders
 from jaxencoder.data import fetch as fetch_lib
 from jaxencoder.data import pipeline, records, sources, token_ids
+from jaxencoder.data.mixture import Mixture, parse_weights
 from jaxencoder.data.readers import DataError
 from jaxencoder.io.paths import as_path
 from jaxencoder.tasks import masked_lm, registry
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
 from jaxencoder.train.config import rows_per_step
+
+log = logging.getLogger("jaxencoder")
 
 TEXT_KINDS = builders.TEXT_KINDS
 
@@ -37,7 +41,8 @@ class Pipelines:
 
 
 class Subset:
-  """Random-access view of some indices of a source (for held-out splits)."""
+  """Random-access view of some examples of a source: `records(i_N)` maps its indices to
+  the source's (held-out splits: `Holdout`)."""
 
   def __init__(self, source, indices: np.ndarray):
     self.source, self.indices = source, np.asarray(indices)
@@ -45,14 +50,35 @@ class Subset:
   def __len__(self) -> int:
     return len(self.indices)
 
+  def records(self, i_N: np.ndarray) -> np.ndarray:
+    return self.indices[i_N]
+
   def __getitem__(self, i):
-    return self.source[int(self.indices[i])]
+    return self.source[int(self.records(np.int64(i)))]
 
   def __getitems__(self, indices):
     """Many examples in one read (e.g. data/pairs.py reading every origin)."""
-    picked = [int(self.indices[i]) for i in indices]
+    picked = self.records(np.asarray(indices, np.int64)).tolist()
     read = getattr(self.source, "__getitems__", None)
     return read(picked) if read else [self.source[i] for i in picked]
+
+
+class Holdout(Subset):
+  """Every `every`-th example of a source (`held_out`), or all the others; by arithmetic,
+  so a view of a corpus of any size holds no index array."""
+
+  def __init__(self, source, every: int, held_out: bool):
+    self.source, self.every, self.held_out = source, every, held_out
+
+  def __len__(self) -> int:
+    held = -(-len(self.source) // self.every)
+    return held if self.held_out else len(self.source) - held
+
+  def records(self, i_N):
+    i_N = np.asarray(i_N, np.int64)
+    if self.held_out:
+      return i_N * self.every
+    return i_N + i_N // (self.every - 1) + 1  # skips 0, every, 2 * every, ...
 
 
 def tokenizer_path(data_cfg) -> str:
@@ -68,16 +94,17 @@ def load_tokenizer(data_cfg) -> Tokenizer:
   return Tokenizer.from_file(tokenizer_path(data_cfg))
 
 
-def resolve_source(data_cfg, tokenizer: str | None = None) -> str:
-  """The dataset to read. A fetchable source is fetched and prepared first (both cached:
-  "up to date" while its files are unchanged, rebuilt when they change; a text corpus
-  also stores its ids made by `tokenizer`, when given); process 0 goes first, so on
-  shared storage the others find it ready."""
-  if builders.fetched(data_cfg.source) is None:
-    return data_cfg.source
+def resolve_source(data_cfg, tokenizer: str | None = None, source: str | None = None) -> str:
+  """The dataset to read (`source`, default data.source). A fetchable source is fetched
+  and prepared first (both cached: "up to date" while its files are unchanged, rebuilt
+  when they change; a text corpus also stores its ids made by `tokenizer`, when given);
+  process 0 goes first, so on shared storage the others find it ready."""
+  source = data_cfg.source if source is None else source
+  if builders.fetched(source) is None:
+    return source
   def prepare():
-    fetch_lib.fetch(data_cfg.source, data_cfg.data_dir)
-    return str(builders.prepare_fetched(data_cfg.source, data_cfg.data_dir, tokenizer))
+    fetch_lib.fetch(source, data_cfg.data_dir)
+    return str(builders.prepare_fetched(source, data_cfg.data_dir, tokenizer))
   path = prepare() if jax.process_index() == 0 else None
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("jaxencoder: fetched source prepared")
@@ -91,8 +118,30 @@ def open_splits(data_cfg, name: str) -> tuple[Any, Any]:
   if data_cfg.eval_split:
     return train, sources.open_source(name, data_cfg.eval_split, tfds_dir)
   every = data_cfg.holdout_every
-  index = np.arange(len(train))
-  return Subset(train, index[index % every != 0]), Subset(train, index[index % every == 0])
+  return Holdout(train, every, held_out=False), Holdout(train, every, held_out=True)
+
+
+def open_mixture(config, tokenizer: str | None) -> tuple[Mixture, Mixture, str]:
+  """(train, eval) mixtures of data.sources ("name:weight,..."), each member's splits as
+  `open_splits` makes them, and the mixture's name; the realised proportions of the
+  first train examples are logged."""
+  data_cfg = config.data
+  if data_cfg.kind != "text_corpus":
+    raise DataError(f"data.sources mixes text_corpus sources; data.kind is {data_cfg.kind!r}")
+  entries = parse_weights(data_cfg.sources)
+  splits = []
+  for source, _ in entries:
+    name = resolve_source(data_cfg, tokenizer, source)
+    train, eval_ = open_splits(data_cfg, name)
+    check_sizes(data_cfg, name, train, eval_)
+    splits.append((train, eval_))
+  names, weights = [n for n, _ in entries], [w for _, w in entries]
+  train = Mixture([t for t, _ in splits], weights, names)
+  count = min(config.num_train_steps * rows_per_step(config), 100_000)
+  realised = train.proportions(count)
+  log.info("data mixture over the first %d train examples: %s", count, ", ".join(
+      f"{n} {realised[n]:.1%} (weight {w:.3f})" for n, w in zip(names, train.weights)))
+  return train, Mixture([e for _, e in splits], weights, names), data_cfg.sources
 
 
 def check_sizes(data_cfg, name: str, train, eval_) -> None:
@@ -178,10 +227,14 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
   """Builds the pipelines the task and data kind call for; text batches are range-checked
   against the model's vocabularies."""
   data_cfg = config.data
-  name = resolve_source(data_cfg, tokenizer_path(data_cfg) if stores_token_ids(config) else None)
-  train_src, eval_src = open_splits(data_cfg, name)
-  check_sizes(data_cfg, name, train_src, eval_src)
-  check_model_fits(config, name, train_src)
+  tokenizer = tokenizer_path(data_cfg) if stores_token_ids(config) else None
+  if data_cfg.sources:
+    train_src, eval_src, name = open_mixture(config, tokenizer)
+  else:
+    name = resolve_source(data_cfg, tokenizer)
+    train_src, eval_src = open_splits(data_cfg, name)
+    check_sizes(data_cfg, name, train_src, eval_src)
+    check_model_fits(config, name, train_src)
   tok = load_tokenizer(data_cfg) if data_cfg.kind in TEXT_KINDS else None
   num_classes = _num_classes(data_cfg, name)
 
