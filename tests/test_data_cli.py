@@ -59,12 +59,36 @@ def test_prepare_writes_the_dataset_with_the_named_columns(tmp_path, capsys):
   main(["prepare", "text_classification", "--source", str(src), "--data-dir",
         str(tmp_path / "data"), "--name", "reviews", "--label-column", "sentiment",
         "--text-column", "review"])
-  printed = capsys.readouterr().out.strip()
-  assert printed == str(tmp_path / "data" / "tfds" / "text_classification" / "reviews" / "1.0.0")
+  printed = capsys.readouterr().out.strip().splitlines()
+  assert printed[-1] == (f"dataset: {tmp_path}/data/tfds/text_classification/reviews/1.0.0")
   rows = sources.open_source("text_classification/reviews", "train", tmp_path / "data" / "tfds")
   texts = sorted(rows[i]["text"].decode() for i in range(len(rows)))
   assert texts == ["a great film", "dull", "fine, really"]
   assert sorted(int(rows[i]["label"]) for i in range(len(rows))) == [0, 1, 1]  # neg, pos, pos
+
+
+def test_prepare_reports_splits_labels_and_lengths(tmp_path, capsys):
+  src = tmp_path / "csvs"
+  src.mkdir()
+  (src / "train.csv").write_text("text,label\na great film,pos\ndull,neg\nfine really,pos\n"
+                                 "what a long and winding story,pos\n")
+  (src / "test.csv").write_text("text,label\nnot good at all,neg\nlovely,pos\n")
+  main(["prepare", "text_classification", "--source", str(src), "--data-dir",
+        str(tmp_path / "data"), "--name", "reviews"])
+  assert capsys.readouterr().out.splitlines() == [
+      "test: 2 examples; labels: neg 1, pos 1; words p50/p90/p99/max: 1/4/4/4",
+      "train: 4 examples; labels: pos 3, neg 1; words p50/p90/p99/max: 2/6/6/6",
+      f"dataset: {tmp_path}/data/tfds/text_classification/reviews/1.0.0"]
+
+
+def test_prepare_reports_token_lengths_in_the_tokenizers_tokens(tmp_path, capsys):
+  src = tmp_path / "texts"
+  src.mkdir()
+  (src / "a.txt").write_text("the cat sat\n\na dog ran far away\n\ntime flies\n")
+  main(["prepare", "text_corpus", "--source", str(src), "--data-dir", str(tmp_path),
+        "--name", "tiny", "--tokenizer", str(th.write_vocab(tmp_path))])
+  assert capsys.readouterr().out.splitlines()[0] == (
+      "train: 3 examples; tokens p50/p90/p99/max: 5/7/7/7")
 
 
 def test_prepare_with_a_missing_column_exits_2_naming_it(tmp_path, capsys):
@@ -96,8 +120,88 @@ def test_stats_counts_tokens_and_truncation_of_a_prepared_corpus(tmp_path, capsy
   assert (stats["examples"], stats["tokens"]) == (3, 16)
   assert stats["length_percentiles"]["p100"] == 7 and stats["length_percentiles"]["p50"] == 5
   assert (stats["truncated_examples"], stats["tokens_cut_by_truncation"]) == (1, 1)
+  assert lines[1:3] == ["train: 3 examples; tokens p50/p90/p99/max: 5/7/7/7", "split train:"]
   assert "examples: 3   tokens: 16" in lines
   for mode in ("padded", "packed"):
     assert 0 < stats[mode]["efficiency"] <= 1
     assert stats[mode]["real_tokens"] <= stats[mode]["token_slots"]
   assert stats["padded"]["real_tokens"] == 5 + 6 + 4  # truncated to seq_len 6
+
+
+# --------------------------------------------- stats and training share one dataset
+def fetched_shakespeare(data_dir):
+  """data_dir/raw/shakespeare as `fetch shakespeare` leaves it (two tiny plays)."""
+  raw = data_dir / "raw" / "shakespeare"
+  raw.mkdir(parents=True)
+  (raw / "hamlet_gut.txt").write_text("the cat sat on a mat\n\na dog ran far away\n")
+  (raw / "sonnets_gut.txt").write_text("time flies like an arrow\n")
+  (raw / ".complete").write_text("")
+
+
+def dataset_files(data_dir) -> dict:
+  """{relative path: (sha256, mtime_ns)} of every file of the prepared shakespeare."""
+  import hashlib
+  root = data_dir / "tfds" / "text_corpus" / "shakespeare"
+  return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(),
+                                     p.stat().st_mtime_ns)
+          for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def training_prepares(data_dir, vocab, caplog) -> str:
+  """What `make train` logs preparing shakespeare (train/datasets.resolve_source)."""
+  import ml_collections
+  from jaxencoder.train.datasets import resolve_source
+  caplog.clear()
+  with caplog.at_level("INFO", logger="jaxencoder"):
+    resolve_source(ml_collections.ConfigDict(dict(source="shakespeare", data_dir=str(data_dir))),
+                   str(vocab))
+  return caplog.text
+
+
+def run_stats(data_dir, vocab, capsys) -> str:
+  main(["stats", "shakespeare", "--data-dir", str(data_dir), "--tokenizer", str(vocab),
+        "--seq-len", "8", "--batch-size", "2"])
+  return capsys.readouterr().out
+
+
+def test_stats_keeps_the_token_ids_training_prepared(tmp_path, capsys, caplog):
+  data_dir, vocab = tmp_path / "data", th.write_vocab(tmp_path)
+  fetched_shakespeare(data_dir)
+  assert "preparing from" in training_prepares(data_dir, vocab, caplog)
+  before = dataset_files(data_dir)
+  assert "1.0.0/token_ids/manifest.json" in before
+  assert "examples: 3   tokens: 22" in run_stats(data_dir, vocab, capsys)
+  assert dataset_files(data_dir) == before
+  log = training_prepares(data_dir, vocab, caplog)
+  assert "up to date" in log and "rebuilding" not in log
+  assert dataset_files(data_dir) == before
+
+
+def test_stats_on_a_dataset_without_ids_and_then_training_rebuild_once(tmp_path, capsys, caplog):
+  data_dir, vocab = tmp_path / "data", th.write_vocab(tmp_path)
+  fetched_shakespeare(data_dir)
+  run_stats(data_dir, vocab, capsys)  # prepares it, without token ids
+  without_ids = dataset_files(data_dir)
+  assert "1.0.0/token_ids/manifest.json" not in without_ids
+  run_stats(data_dir, vocab, capsys)
+  assert dataset_files(data_dir) == without_ids
+  assert "token ids wanted: rebuilding" in training_prepares(data_dir, vocab, caplog)
+  with_ids = dataset_files(data_dir)
+  run_stats(data_dir, vocab, capsys)
+  assert dataset_files(data_dir) == with_ids
+  assert "rebuilding" not in training_prepares(data_dir, vocab, caplog)
+
+
+def test_help_imports_no_jax_tfds_or_grain():
+  """`jaxencoder-data --help` (and each command's) answers without the heavy libraries."""
+  import subprocess
+  import sys
+  code = ("import sys\nfrom jaxencoder.data.__main__ import main\n"
+          "for argv in ([], ['prepare'], ['stats'], ['fetch']):\n"
+          "  try:\n    main(argv + ['--help'])\n  except SystemExit:\n    pass\n"
+          "print(sorted(m for m in ('jax', 'flax', 'tensorflow', 'tensorflow_datasets', "
+          "'grain') if m in sys.modules))")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines()[-1] == "[]"

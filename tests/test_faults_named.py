@@ -139,8 +139,8 @@ def test_orbax_tracebacks_of_a_full_disk_are_not_logged():
   def record(error):
     return logging.LogRecord("absl", logging.ERROR, __file__, 1, "save failed", (),
                              (type(error), error, None))
-  assert not train_main._not_out_of_space(record(OSError(errno.ENOSPC, "No space left")))
-  assert train_main._not_out_of_space(record(OSError(errno.EACCES, "Permission denied")))
+  assert not cli._not_out_of_space(record(OSError(errno.ENOSPC, "No space left")))
+  assert cli._not_out_of_space(record(OSError(errno.EACCES, "Permission denied")))
 
 
 # One line for each user error.

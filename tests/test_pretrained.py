@@ -275,6 +275,14 @@ def test_embed_is_unit_norm_and_independent_of_batching():
   np.testing.assert_allclose(small_NxD, large_NxD, atol=1e-5)
 
 
+@needs_minilm
+def test_embed_reports_its_batches_as_plain_lines_off_a_terminal(capsys, monkeypatch):
+  monkeypatch.setenv("JAXENCODER_PROGRESS", "lines")
+  embed(["one", "two words", "three small words"], MINILM, batch_size=1)
+  lines = capsys.readouterr().err.splitlines()
+  assert [line.split(",")[0] for line in lines] == [f"embedding: {k}/3 batch" for k in (1, 2, 3)]
+
+
 # Over 256 tokens: sentence-transformers keeps MiniLM's first 256 (max_seq_length), not 128.
 LONG_TEXT = (
     "The old harbour town wakes early. Fishing boats leave before dawn, and by six the "

@@ -212,3 +212,70 @@ def test_cli_max_len_extends_a_pretrained_table_for_longer_sentences(model, tmp_
   longer = probe.main(args + ["--out", str(tmp_path / "long"), "--max-len", "128"])
   assert longer["data"]["buckets"][-1] == 128
   assert "position table resized by interpolation from 64 to 128 rows" in caplog.text
+
+
+def test_extraction_reports_each_batch_with_the_layers_it_extracts(model, capsys, monkeypatch):
+  monkeypatch.setenv("JAXENCODER_PROGRESS", "lines")
+  cfg, params, tok = model
+  features.extract(cfg, params, tok, tagged_dataset([3, 4, 5, 6, 7]), batch_size=2)
+  lines = capsys.readouterr().err.splitlines()
+  assert [line.split(",")[0] for line in lines] == [
+      f"extracting layers 0-{cfg.num_layers}: {k}/3 batch" for k in (1, 2, 3)]
+
+
+def test_probe_fitting_reports_each_layer(capsys, monkeypatch):
+  from jaxencoder.probing import probes
+  monkeypatch.setenv("JAXENCODER_PROGRESS", "lines")
+  rng = np.random.default_rng(0)
+  layers = [rng.normal(size=(20, 4)).astype(np.float32) for _ in range(3)]
+  probes.probe_all_layers(layers, np.arange(20) % 2, np.arange(20),
+                          2, probes.ProbeConfig(max_epochs=1), types=[f"w{i}" for i in range(20)])
+  lines = capsys.readouterr().err.splitlines()
+  assert [line.split(",")[0] for line in lines] == [
+      f"fitting linear probes (+ control): {k}/3 layer" for k in (1, 2, 3)]
+
+
+def printed_table(stdout: str) -> list[dict[str, str]]:
+  """The per-layer rows of the CLI's summary table, cells by their column name."""
+  lines = stdout.splitlines()
+  start = next(i for i, line in enumerate(lines) if line.startswith("layer "))
+  header = lines[start].split()
+  rows = []
+  for line in lines[start + 1:]:
+    if not line.split() or not line.split()[0].isdigit():
+      break
+    rows.append(dict(zip(header, line.split())))
+  return rows
+
+
+def test_a_sentence_probe_prints_no_selectivity_and_the_majority_baseline(model, tmp_path,
+                                                                           capsys, monkeypatch):
+  from jaxencoder import pretrained
+  from jaxencoder.probing import __main__ as probe
+  from jaxencoder.probing import probes
+  monkeypatch.setenv("JAXENCODER_PROGRESS", "lines")
+  cfg, params, tok = model
+  pretrained.save(tmp_path / "hf", cfg, params, tok)
+  labels = ["yes" if i % 3 else "no" for i in range(40)]
+  data = tmp_path / "s.csv"
+  data.write_text("text,label\n" + "".join(
+      f"{' '.join(WORDS[i % 7:i % 7 + 4])},{label}\n" for i, label in enumerate(labels)))
+  report = probe.main(["--pretrained", str(tmp_path / "hf"), "--data", str(data),
+                       "--out", str(tmp_path / "out"), "--max-epochs", "1"])
+  splits = probes.split_items(np.arange(len(labels)), seed=0)  # the CLI's default seed
+  train = [labels[i] for i in splits["train"]]
+  most_frequent = max(set(train), key=train.count)
+  share = np.mean([labels[i] == most_frequent for i in splits["test"]])
+  out = capsys.readouterr()
+  rows = printed_table(out.out)
+  assert len(rows) == cfg.num_layers + 1 and "nan" not in out.out
+  assert all(row["linear_sel"] == "-" for row in rows)
+  assert all(float(row["majority"]) == pytest.approx(share, abs=5e-4) for row in rows)
+  assert report["majority_baseline"] == {"accuracy": pytest.approx(share),
+                                         "label": most_frequent, "split": "test"}
+  assert report["probes"]["linear"]["majority_baseline"] == pytest.approx(share)  # kept
+  saved = json.loads((tmp_path / "out" / "report.json").read_text())
+  assert saved["majority_baseline"]["label"] == most_frequent
+  for phase in ("loading", f"representation health of {cfg.num_layers + 1} layers",
+                "attention maps and plots"):
+    assert any(line.startswith(phase) and line.endswith(" s") for line in out.err.splitlines())

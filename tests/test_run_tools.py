@@ -49,6 +49,81 @@ def test_a_prediction_does_not_depend_on_its_batch(classify_run):
   assert together == alone
 
 
+PREDICT_LINES = ["the cat sat", "a dog ran far away from the red house", "cat", "the red dog",
+                 "a house", "the cat ran away", "dog"]
+
+
+@pytest.mark.slow
+def test_batch_size_one_and_three_give_the_same_predictions_and_scores(classify_run):
+  root, _ = classify_run
+  p = predict.load(root / "run")
+  one = predict.predictions(p, PREDICT_LINES, batch_size=1, scores=True)
+  three = predict.predictions(p, PREDICT_LINES, batch_size=3, scores=True)
+  assert one.outputs == three.outputs
+  np.testing.assert_allclose(one.scores_NxC, three.scores_NxC, atol=1e-6)
+
+
+def run_predict(root, tmp_path, *flags) -> None:
+  """Runs jaxencoder-predict (in this process) on PREDICT_LINES with `flags`."""
+  source = tmp_path / "in.txt"
+  source.write_text("\n".join(PREDICT_LINES) + "\n")
+  predict.main(["--run", str(root / "run"), "--input", str(source), *flags])
+
+
+@pytest.mark.slow
+def test_jsonl_has_one_object_per_input_with_probabilities_summing_to_one(classify_run,
+                                                                         tmp_path):
+  import json
+  root, _ = classify_run
+  run_predict(root, tmp_path, "--out", str(tmp_path / "out.jsonl"), "--scores",
+              "--batch-size", "2")
+  records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+  assert [r["input"] for r in records] == PREDICT_LINES
+  for r in records:
+    assert list(r["scores"]) == ["no", "yes"]
+    assert sum(r["scores"].values()) == pytest.approx(1.0, abs=1e-9)
+    assert r["prediction"] == max(r["scores"], key=r["scores"].get)
+
+
+@pytest.mark.slow
+def test_text_scores_are_columns_named_by_the_classes(classify_run, tmp_path):
+  root, _ = classify_run
+  run_predict(root, tmp_path, "--out", str(tmp_path / "out.tsv"), "--scores")
+  header, *rows = (tmp_path / "out.tsv").read_text().splitlines()
+  assert header.split("\t") == ["prediction", "no", "yes", "input"]
+  assert [row.split("\t")[3] for row in rows] == PREDICT_LINES
+  for row in rows:
+    label, no, yes, _ = row.split("\t")
+    assert float(no) + float(yes) == pytest.approx(1.0, abs=2e-6)
+    assert label == ("yes" if float(yes) > float(no) else "no")
+
+
+@pytest.mark.slow
+def test_predict_reports_each_batch_on_stderr(classify_run, tmp_path, capsys, monkeypatch):
+  monkeypatch.setenv("JAXENCODER_PROGRESS", "lines")
+  root, _ = classify_run
+  run_predict(root, tmp_path, "--batch-size", "2")
+  out = capsys.readouterr()
+  assert [line.split(",")[0] for line in out.err.splitlines() if line.startswith("predicting")
+          ] == [f"predicting: {k}/4 batch" for k in (1, 2, 3, 4)]
+  assert [line.split("\t", 1)[1] for line in out.out.splitlines()] == PREDICT_LINES
+
+
+@pytest.mark.slow
+def test_scores_of_an_embedding_run_are_refused_and_jsonl_holds_its_vectors(mlm_run, tmp_path):
+  import json
+  p = predict.load(mlm_run.workdir)
+  with pytest.raises(ValueError, match=r"--scores: a 'mlm' run has no per-class scores"):
+    predict.predictions(p, ["the cat sat"], scores=True)
+  source = tmp_path / "in.txt"
+  source.write_text("the cat sat\na dog\n")
+  predict.main(["--run", str(mlm_run.workdir), "--input", str(source), "--format", "jsonl",
+                "--out", str(tmp_path / "vectors.txt")])
+  records = [json.loads(line) for line in (tmp_path / "vectors.txt").read_text().splitlines()]
+  np.testing.assert_allclose([r["prediction"] for r in records],
+                             predict.predict(p, ["the cat sat", "a dog"]), atol=1e-6)
+
+
 @pytest.mark.slow
 def test_embeddings_of_an_mlm_run_are_its_pooled_encoder_outputs(mlm_run):
   config = mlm_run.config
@@ -66,8 +141,13 @@ def test_embeddings_of_an_mlm_run_are_its_pooled_encoder_outputs(mlm_run):
 def test_plots_of_the_logged_metrics(classify_run, tmp_path):
   root, _ = classify_run
   paths = plots.plot_metrics(root / "run", tmp_path)
-  assert sorted(p.name for p in paths) == ["accuracy.png", "learning_rate.png", "loss.png"]
+  assert sorted(p.name for p in paths) == ["accuracy.png", "f1_macro.png", "grad_norm.png",
+                                           "learning_rate.png", "loss.png", "tokens_per_s.png"]
   assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+  config = plots.run_config(root / "run")  # the stored config's schedule, at every step
+  lr = plots.figures(read_metrics(root / "run"), config)["learning_rate"].axes[0]
+  assert [l.get_label() for l in lr.lines] == [plots.SCHEDULE, "train"]
+  assert list(lr.lines[0].get_xdata()) == list(range(1, config["num_train_steps"] + 1))
 
 
 @pytest.mark.slow

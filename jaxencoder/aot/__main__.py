@@ -41,6 +41,7 @@ def parse_args(argv):
                            "or 3 with hard negatives; multiple_choice: the choices; default 2 / 4)")
   parser.add_argument("--steps", default="train,eval", help="which steps: train, eval or both")
   parser.add_argument("--json", action="store_true", help="print the report as JSON")
+  cli.add_verbose_flag(parser)
   from jaxencoder.train.__main__ import parse_with_overrides
   args, overrides = parse_with_overrides(parser, argv)
   steps = [s.strip() for s in args.steps.split(",") if s.strip()]
@@ -67,11 +68,10 @@ def run(args, overrides) -> dict:
   """Loads the config, compiles for the target, returns the report (a JSON-able dict)."""
   from jaxencoder.aot.report import compile_config
   from jaxencoder.aot.targets import parse_target
-  from jaxencoder.train.__main__ import load_config, quiet_library_logs
+  from jaxencoder.train.__main__ import load_config
   from jaxencoder.train.config import apply_overrides
   from jaxencoder.train.init_from import finalized
   target = parse_target(args.topology, args.slices)  # before the config: a typo fails fast
-  quiet_library_logs()
   config = load_config(args.config)
   apply_overrides(config, overrides)
   config = finalized(config)

@@ -148,7 +148,8 @@ def parse_target(name: str, slices: int = 1) -> Target:
   if chip is None and match and match.group(1) == "v5":  # libtpu's own spelling of v5p
     chip = CHIPS["v5p"]
   if chip is None:
-    raise UnknownTopologyError(f"unknown topology {name!r}: use {ACCEPTED}")
+    raise UnknownTopologyError(f"unknown topology {name!r}: {_did_you_mean(text, match)}"
+                               f"use {ACCEPTED}")
   if grid_match:
     grid = tuple(int(n) for n in grid_match.group(2).split("x"))
     if len(grid) != chip.grid_dims and not (chip.grid_dims == 3 and len(grid) == 2):
@@ -162,6 +163,14 @@ def parse_target(name: str, slices: int = 1) -> Target:
                                  f"has that size (name its chip grid instead, e.g. "
                                  f"{chip.name}:4x4{'x4' * (chip.grid_dims == 3)}); use {ACCEPTED}")
   return Target(name, chip, grid, slices)
+
+
+def _did_you_mean(text: str, match) -> str:
+  """"did you mean v5e-8? " for a misspelt generation (v5f-8), else ""."""
+  from jaxencoder import cli
+  suffix = text[len(match.group(1)):] if match else ""
+  names = [f"{generation}{suffix}" for generation in (*CHIPS, *ALIASES, *GPUS)]
+  return f"{hint} " if (hint := cli.did_you_mean(text, names)) else ""
 
 
 def gpu_target_config(chip: Chip) -> str:

@@ -18,6 +18,7 @@ import logging
 
 from jaxencoder import cli
 from jaxencoder.data import fetch as fetch_lib
+from jaxencoder.data import kinds
 from jaxencoder.io.paths import as_path
 
 
@@ -49,13 +50,17 @@ def _stats(args):
   result = stats.corpus_stats(source, tok, seq_len=args.seq_len, batch_size=args.batch_size)
   print(f"dataset: {args.dataset}   tokenizer: {tok_path}   seq_len: {args.seq_len}   "
         f"batch_size: {args.batch_size}")
+  info = source.dataset_info  # one of ours: every split's counts, labels and lengths
+  if getattr(info, "name", None) in kinds.KINDS:
+    print("\n".join(stats.report(info.data_dir, info.name, tok)))
+  print(f"split {args.split}:")
   print(stats.format_stats(result, args.seq_len))
   if args.json:
     print(json.dumps(result))
 
 
 def _prepare(args):
-  from jaxencoder.data import builders
+  from jaxencoder.data import builders, stats
   names = ("pattern", "unit", "encoding", "text_column", "text_b_column", "label_column",
            "tokenizer", "text_feature", "tfds_data_dir")
   options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
@@ -66,14 +71,15 @@ def _prepare(args):
   path = builders.prepare(args.kind, args.source, as_path(args.data_dir) / "tfds",
                           name=args.name, overwrite=args.overwrite, processes=args.processes,
                           **options)
-  print(path)
+  tok = builders.load_tokenizer(args.tokenizer) if args.tokenizer else None
+  print("\n".join(stats.report(path, args.kind, tok)))
+  print(f"dataset: {path}")
 
 
 def _prepare_parser(sub):
-  from jaxencoder.data import builders
   p = sub.add_parser("prepare", help="write an array_record dataset under DATA_DIR/tfds "
                      "(reused while its sources are unchanged)")
-  p.add_argument("kind", help=", ".join(builders.KINDS))
+  p.add_argument("kind", help=", ".join(kinds.KINDS))
   p.add_argument("--source", required=True, help="a file, a directory (or bucket prefix) of "
                  "them, a glob of file names in one (gs://b/corpus/*.txt), or for text_corpus "
                  "a prepared tfds dataset: its directory or tfds:NAME (with --text-feature)")

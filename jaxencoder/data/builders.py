@@ -39,6 +39,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from jaxencoder.data import readers, shakespeare_tasks, token_ids
+from jaxencoder.data.kinds import KINDS, TEXT_KINDS  # noqa: F401 (re-exported)
 from jaxencoder.io import paths
 
 log = logging.getLogger("jaxencoder")
@@ -463,27 +464,7 @@ class TimeSeries(_Builder):
         yield self._key(ex["origin"]), ex
 
 
-@dataclasses.dataclass(frozen=True)
-class Kind:
-  """A data kind: its builder, whether its examples are text (tokenized), and the feature
-  whose class names give a task its classes (None: no classes)."""
-  builder: type
-  text: bool
-  label_feature: str | None
-
-
-# The one table of data kinds (train/datasets.py and train/batch_shapes.py branch on the
-# same names for the pipeline and the shapes each makes).
-KINDS = {
-    "text_corpus": Kind(TextCorpus, text=True, label_feature=None),
-    "text_classification": Kind(TextClassification, text=True, label_feature="label"),
-    "tagged_tokens": Kind(TaggedTokens, text=True, label_feature="tags"),
-    "text_records": Kind(TextRecords, text=True, label_feature="labels"),  # multilabel's
-    "image_arrays": Kind(ImageArrays, text=False, label_feature="label"),
-    "time_series": Kind(TimeSeries, text=False, label_feature="label"),
-}
-BUILDERS = {name: kind.builder for name, kind in KINDS.items()}
-TEXT_KINDS = tuple(name for name, kind in KINDS.items() if kind.text)  # tokenized
+BUILDERS = {name: globals()[kind.builder] for name, kind in KINDS.items()}  # kinds.py's table
 
 
 def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bool = False,
@@ -584,7 +565,9 @@ def relative_to(path, root, fallback: str | None = None) -> str:
 
 
 def stale(out: epath.Path, stamp: dict) -> str | None:
-  """Why the dataset at `out` does not match `stamp` (None: it does)."""
+  """Why the dataset at `out` does not match `stamp` (None: it does). Token ids it holds
+  and `stamp` does not ask for are no reason: reading without them (`stats`, tasks that
+  tokenise) leaves the dataset that MLM training prepared as it is."""
   ids_only = stamp["options"].get("ids_only")
   if not (out / ("fingerprint.json" if ids_only else "dataset_info.json")).exists():
     return "incomplete" if out.exists() else NEW
@@ -606,9 +589,8 @@ def stale(out: epath.Path, stamp: dict) -> str | None:
     return f"options changed ({'; '.join(changed)})"
   old_digest = (old.get("tokenizer") or {}).get("sha256")
   new_digest = (stamp.get("tokenizer") or {}).get("sha256")
-  if old_digest != new_digest:
-    return ("token ids " + ("no longer wanted" if new_digest is None else
-                            "made by another tokenizer" if old_digest else "wanted"))
+  if new_digest is not None and old_digest != new_digest:  # ids not asked for are kept
+    return "token ids " + ("made by another tokenizer" if old_digest else "wanted")
   if new_digest is not None and not token_ids.is_complete(out):
     return "token ids incomplete or in an older layout"
   if old.get("keys") != stamp["keys"]:

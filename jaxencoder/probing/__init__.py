@@ -8,16 +8,21 @@
 CLI: python -m jaxencoder.probing --pretrained HF_DIR --data FILE --out DIR
 """
 
-from jaxencoder.probing import (attention_stats, features, health, images, probes, report,
-                                representation, store)
-from jaxencoder.probing.features import Dataset, Features, extract, load_features, read_dataset
-from jaxencoder.probing.health import HealthThresholds, training_health, workdir_health
-from jaxencoder.probing.probes import ProbeConfig, probe_all_layers
-from jaxencoder.probing.representation import CollapseThresholds, effective_rank, layer_health
-from jaxencoder.probing.study import StudyOptions, run
+from jaxencoder._lazy import lazy_exports
 
-__all__ = ["attention_stats", "features", "health", "images", "probes", "report", "representation",
-           "store",
-           "Dataset", "Features", "extract", "load_features", "read_dataset", "HealthThresholds",
-           "training_health", "workdir_health", "ProbeConfig", "probe_all_layers",
-           "CollapseThresholds", "effective_rank", "layer_health", "StudyOptions", "run"]
+_MODULES = ("attention_stats", "features", "health", "heads", "images", "mdl", "probes",
+            "report", "representation", "similarity", "store", "study")
+# Public name -> its module. Modules load on first use (PEP 562), so that the CLI's
+# `--help` (jaxencoder.probing.__main__) loads no JAX.
+_MODULE_OF = {
+    **{name: name for name in _MODULES},
+    **dict.fromkeys(("Dataset", "Features", "extract", "load_features", "read_dataset"),
+                    "features"),
+    **dict.fromkeys(("HealthThresholds", "training_health", "workdir_health"), "health"),
+    **dict.fromkeys(("ProbeConfig", "probe_all_layers"), "probes"),
+    **dict.fromkeys(("CollapseThresholds", "effective_rank", "layer_health"), "representation"),
+    **dict.fromkeys(("StudyOptions", "run"), "study"),
+    **dict.fromkeys(("cka", "layer_cka"), "similarity"),
+}
+__all__ = list(_MODULE_OF)
+__getattr__, __dir__ = lazy_exports(__name__, _MODULE_OF, globals(), modules=_MODULES)

@@ -24,27 +24,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import pathlib
 import tempfile
 
-import numpy as np
+from jaxencoder import cli, progress
 
-from jaxencoder import cli
-from jaxencoder.data import readers
-from jaxencoder.io import paths
-from jaxencoder.io.run_dir import RunDir
-from jaxencoder.probing import features, images, probes, representation, study
-from jaxencoder.probing.health import HealthThresholds
-from jaxencoder.pretrained.__main__ import image_size
-from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
+# The model, data and plotting modules are imported where they are used, so that
+# `--help` and a mistyped flag answer at once (no JAX, orbax or matplotlib loaded).
 
 
 def load_checkpoint(workdir, tokenizer_path: str | None = None, **resize):
   """(cfg, params, tokenizer) of a run directory's latest checkpoint (a train.py workdir
   or a converted checkpoint; local or gs://); tokenizer None for image encoders.
   `resize`: max_len / image_size, as `pretrained.load`."""
+  from jaxencoder.io.run_dir import RunDir
   from jaxencoder.pretrained.hf_checkpoint import resize_on_load
   from jaxencoder.restore_targets import encoder_params
+  from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
   run = RunDir.open(workdir)
   stored = run.model_config()
   cfg, params = resize_on_load(stored, run.restore_encoder(encoder_params(stored)), **resize)
@@ -61,6 +58,7 @@ def load_pretrained(hf_dir, tokenizer_path: str | None = None, **resize):
   tokenizer None for image encoders. `resize`: max_len / image_size, as `pretrained.load`."""
   from jaxencoder import pretrained  # imported lazily: an optional, separate module
   from jaxencoder.pretrained.hf_checkpoint import check_tokenizer
+  from jaxencoder.tokenizer import Tokenizer
   cfg, params, tokenizer = pretrained.load(hf_dir, **resize)
   params = params["encoder"] if "encoder" in params else params
   if cfg.input_kind == "image":
@@ -86,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--split", default="train", help="image dataset directory: the split")
   p.add_argument("--max-len", type=int, help="text: extend the learned position table to N "
                  "rows (interpolated, untrained; warns)")
-  p.add_argument("--image-size", type=image_size, help="images: H,W; load the model with "
+  p.add_argument("--image-size", type=_image_size, help="images: H,W; load the model with "
                  "its position grid resampled to this size (interpolated, untrained; warns)")
   p.add_argument("--label-column", default="label", help="CSV/TSV: the label column's name")
   p.add_argument("--text-column", help="CSV/TSV: the text column's name (default: text)")
@@ -107,8 +105,16 @@ def parse_args(argv=None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
-def options_from(args: argparse.Namespace, hf_dir=None) -> study.StudyOptions:
+def _image_size(text: str) -> tuple[int, int]:
+  """--image-size's argparse type: jaxencoder-convert's, imported when the flag is given."""
+  from jaxencoder.pretrained.__main__ import image_size
+  return image_size(text)
+
+
+def options_from(args: argparse.Namespace, hf_dir=None):
   """StudyOptions of the flags; `hf_dir` (a local --pretrained copy) sets image normalisation."""
+  from jaxencoder.probing import images, probes, representation, study
+  from jaxencoder.probing.health import HealthThresholds
   return study.StudyOptions(
       pool=args.pool, batch_size=args.batch_size,
       max_length=args.max_length or args.max_len or 128,
@@ -128,15 +134,19 @@ def main(argv=None) -> dict:
 def probe(args: argparse.Namespace) -> dict:
   """Loads the model and data, runs the study, prints the summary table. Any path may be
   a gs:// URL: inputs are read through local copies, outputs uploaded at the end."""
+  from jaxencoder.io import paths
+  from jaxencoder.probing import study
   with contextlib.ExitStack() as stack:
     local = lambda p: p and str(stack.enter_context(paths.local_copy(p)))
     resize = {"max_len": args.max_len, "image_size": args.image_size}
     hf_dir = None
-    if args.checkpoint:  # a run directory is read in place (orbax reads gs:// itself)
-      cfg, params, tokenizer = load_checkpoint(args.checkpoint, local(args.tokenizer), **resize)
-    else:
-      hf_dir = local(args.pretrained)
-      cfg, params, tokenizer = load_pretrained(hf_dir, local(args.tokenizer), **resize)
+    with progress.phase(f"loading {args.checkpoint or args.pretrained}"):
+      if args.checkpoint:  # a run directory is read in place (orbax reads gs:// itself)
+        cfg, params, tokenizer = load_checkpoint(args.checkpoint, local(args.tokenizer),
+                                                 **resize)
+      else:
+        hf_dir = local(args.pretrained)
+        cfg, params, tokenizer = load_pretrained(hf_dir, local(args.tokenizer), **resize)
     dataset = read_data(args, local(args.data), cfg)
     out = paths.as_path(args.out)
     out_local = stack.enter_context(tempfile.TemporaryDirectory()) if paths.is_url(out) else out
@@ -152,6 +162,8 @@ def probe(args: argparse.Namespace) -> dict:
 
 def read_data(args: argparse.Namespace, data, cfg):
   """An image set (a directory or .npz) for an image encoder, else text (features.read_dataset)."""
+  from jaxencoder.data import readers
+  from jaxencoder.probing import features, images
   if cfg.input_kind == "image":
     if not (pathlib.Path(data).is_dir() or str(data).lower().endswith(".npz")):
       raise ValueError(f"--data {data}: an image encoder takes a prepared image_arrays "
@@ -174,22 +186,32 @@ def headline(rep: dict) -> str:
 
 
 def summary(rep: dict) -> str:
-  """A plain-text table: per layer, probe accuracy / selectivity and health."""
-  lines = ["layer  " + "  ".join(f"{k}_acc  {k}_sel" for k in rep["probes"])
-           + "  mean_cos  erank_c  collapsed"]
+  """A plain-text table: per layer, probe accuracy / selectivity ("-": no control task, as
+  for sentence labels), the majority baseline beside them, and health."""
+  names = [f"{k}_{col}" for k in rep["probes"] for col in ("acc", "sel")]
+  row_of = lambda cells: "  ".join(f"{c:>{len(name)}}" for c, name in zip(cells, names))
+  lines = ["layer  " + row_of(names) + "  majority  mean_cos  erank_c  collapsed"]
+  majority = rep["majority_baseline"]["accuracy"]
   for n, health_n in enumerate(rep["representation"]):
     cells = []
     for result in rep["probes"].values():
       row = result["layers"][n]
-      cells.append(f"{row['accuracy']:.3f}  {row.get('selectivity', float('nan')):+.3f}")
-    lines.append(f"{n:5d}  " + "  ".join(cells) + f"  {health_n['anisotropy']:8.3f}"
+      cells += [f"{row['accuracy']:.3f}", _signed(row.get("selectivity"))]
+    lines.append(f"{n:5d}  " + row_of(cells) + f"  {majority:8.3f}  {health_n['anisotropy']:8.3f}"
                  f"  {health_n['effective_rank_centered']:7.1f}  {health_n['collapsed']}")
+  lines.append(f"majority: always {rep['majority_baseline']['label']!r}, the most frequent "
+               "training label, scored on the test split")
   if rep.get("attention"):
-    entropy_NxH = np.asarray(rep["attention"]["entropy"])
     lines.append("attention entropy (nats), layer x head:")
     lines += [f"{n + 1:5d}  " + " ".join(f"{v:.2f}" for v in row)
-              for n, row in enumerate(entropy_NxH)]
+              for n, row in enumerate(rep["attention"]["entropy"])]
   return "\n".join(lines)
+
+
+def _signed(value: float | None) -> str:
+  """`+0.123`, or "-" where there is no value (no control task, or not finite)."""
+  return f"{value:+.3f}" if value is not None and math.isfinite(value) else "-"
+
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxencoder import progress as progress_lib
 from jaxencoder.config import EncoderConfig
 from jaxencoder.data import readers
 from jaxencoder.encoder import Encoder
@@ -184,12 +185,14 @@ def measure(tokenizer, dataset: Dataset, max_length: int, chunk: int = 512):
 
 def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: str | None = None,
             batch_size: int = 32, max_length: int = 128, out_dir=None, attention: bool = True,
-            sparsity_threshold: float = 0.1, buckets: Sequence[int] | None = None) -> Features:
+            sparsity_threshold: float = 0.1, buckets: Sequence[int] | None = None,
+            progress: bool = True) -> Features:
   """Pooled features of every layer for `dataset` (+ attention means per layer and head).
 
   pool: "first" (default) or "mean" sub-word at word level; "cls" (default) or "mean"
   at sentence level. Words cut by truncation to `max_length` are dropped (counted in
   `info["dropped_items"]`). With `out_dir`, layer n goes to `out_dir/layer_NN.npy`.
+  `progress`: a bar (or plain lines) over the batches, on stderr.
   """
   pool = pool or ("first" if dataset.level == "word" else "cls")
   allowed = WORD_POOLS if dataset.level == "word" else SENTENCE_POOLS
@@ -207,7 +210,8 @@ def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: st
   layers = store.allocate(cfg.num_layers + 1, int(kept_S.sum()), cfg.emb_dim, out_dir)
   extractor = Extractor(cfg, params, attention=attention, sparsity_threshold=sparsity_threshold)
   totals = _run_batches(extractor, tokenizer, dataset, layers, pool, lengths_S, kept_S,
-                        batch_size=batch_size, max_length=max_length, buckets=buckets)
+                        batch_size=batch_size, max_length=max_length, buckets=buckets,
+                        progress=progress)
   labels_M, names = _label_ids(dataset, kept_S)
   info = {"level": dataset.level, "pool": pool, "buckets": list(buckets),
           "compiles": extractor.traces, "sentences": len(dataset.sentences),
@@ -221,12 +225,15 @@ def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: st
 
 
 def _run_batches(extractor: Extractor, tokenizer, dataset: Dataset, layers, pool: str,
-                 lengths_S, kept_S, *, batch_size: int, max_length: int, buckets):
+                 lengths_S, kept_S, *, batch_size: int, max_length: int, buckets,
+                 progress: bool = True):
   """Runs every planned batch, writes its items into `layers`; returns attention sums."""
   offsets_S = np.concatenate([[0], np.cumsum(kept_S)[:-1]]).astype(np.int64)
   punct_V = attention_stats.punctuation_table(tokenizer)
   totals = None
-  for bucket, rows in plan_batches(lengths_S, batch_size, buckets):
+  plan = plan_batches(lengths_S, batch_size, buckets)
+  for bucket, rows in progress_lib.track(plan, extracting_desc(len(layers)), unit="batch",
+                                         enabled=progress):
     batch = encode(tokenizer, dataset, rows, max_length=max_length, pad_to=bucket)
     weights_BxWxL = pooling_weights(batch, dataset.level, pool,
                                     bucket if dataset.level == "word" else 1)
@@ -238,6 +245,11 @@ def _run_batches(extractor: Extractor, tokenizer, dataset: Dataset, layers, pool
     _write(layers, pooled_NxBxWxD, rows, kept_S, offsets_S)
     totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
   return totals
+
+
+def extracting_desc(num_hidden: int) -> str:
+  """'extracting layers 0-N' (0: the embeddings), the extraction bar's label."""
+  return f"extracting layers 0-{num_hidden - 1}"
 
 
 def _write(layers, pooled_NxBxWxD, rows, kept_S, offsets_S) -> None:

@@ -21,12 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxencoder import progress as progress_lib
 from jaxencoder.config import EncoderConfig
 from jaxencoder.data import pipeline, sources
 from jaxencoder.data.pipeline import Reading
 from jaxencoder.encoder import Encoder
 from jaxencoder.probing import attention_stats, store
-from jaxencoder.probing.features import Features
+from jaxencoder.probing.features import Features, extracting_desc
 
 POOLS = ("cls", "mean")
 IMAGE_STATS = ("entropy", "cls", "distance", "sparsity")  # no [SEP] or punctuation in images
@@ -148,9 +149,11 @@ class ImageExtractor:
 
 def extract(cfg: EncoderConfig, params, dataset: ImageDataset, *,
             norm: Normalisation | None = None, pool: str | None = None, batch_size: int = 32,
-            out_dir=None, attention: bool = True, sparsity_threshold: float = 0.1) -> Features:
+            out_dir=None, attention: bool = True, sparsity_threshold: float = 0.1,
+            progress: bool = True) -> Features:
   """Pooled features of every layer (N + 1) for each image, + attention means per layer
-  and head. pool: "cls" (default with a [CLS] vector) or "mean" of patch tokens."""
+  and head. pool: "cls" (default with a [CLS] vector) or "mean" of patch tokens.
+  `progress`: a bar (or plain lines) over the batches, on stderr."""
   if cfg.input_kind != "image":
     raise ValueError(f"image data needs an image encoder, got input_kind={cfg.input_kind!r}")
   pool = pool or ("cls" if cfg.use_cls_token else "mean")
@@ -169,6 +172,8 @@ def extract(cfg: EncoderConfig, params, dataset: ImageDataset, *,
   extractor = ImageExtractor(cfg, params, pool=pool, attention=attention,
                              sparsity_threshold=sparsity_threshold)
   layers = store.allocate(cfg.num_layers + 1, len(dataset), cfg.emb_dim, out_dir)
+  batches = progress_lib.track(batches, extracting_desc(len(layers)), unit="batch",
+                               total=-(-len(dataset) // batch_size), enabled=progress)
   totals = _run_batches(extractor, batches, layers)
   means = None if totals is None else {
       k: v for k, v in attention_stats.head_means(totals).items() if k in IMAGE_STATS}

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxencoder import progress as progress_lib
+
 SPLITS = ("train", "dev", "test")
 
 
@@ -31,10 +33,13 @@ class ProbeConfig:
   patience: int = 4  # epochs without a better dev accuracy before stopping
   standardize: bool = True  # z-score features with train statistics
   seed: int = 0
+  select: str = "accuracy"  # accuracy | loss: the dev measure that picks the epoch
 
   def __post_init__(self):
     if self.kind not in ("linear", "mlp"):
       raise ValueError(f"ProbeConfig.kind must be 'linear' or 'mlp', got {self.kind!r}")
+    if self.select not in ("accuracy", "loss"):
+      raise ValueError(f"ProbeConfig.select must be 'accuracy' or 'loss', got {self.select!r}")
 
 
 # --- splits and labels -------------------------------------------------------------------
@@ -115,6 +120,11 @@ def _predict(params, x_MxD):
   return jnp.argmax(logits(params, x_MxD), -1)
 
 
+@jax.jit
+def _mean_nll(params, x_MxD, y_M):
+  return optax.softmax_cross_entropy_with_integer_labels(logits(params, x_MxD), y_M).mean()
+
+
 def accuracy(params: dict, x_MxD: np.ndarray, y_M: np.ndarray) -> float:
   return float(np.mean(np.asarray(_predict(params, x_MxD)) == y_M)) if len(y_M) else float("nan")
 
@@ -130,22 +140,24 @@ def _batches(x_MxD, y_M, batch_size: int, rng: np.random.Generator):
 
 def train_probe(x_train, y_train, x_dev, y_dev, num_classes: int, cfg: ProbeConfig
                 ) -> tuple[dict, dict]:
-  """(best params by dev accuracy, {"epochs", "dev_accuracy"}); stops after `patience`."""
+  """(best params by dev accuracy, or by dev loss with cfg.select="loss", {"epochs",
+  "dev_accuracy"}); stops after `patience` epochs without a better one."""
   rng = np.random.default_rng(cfg.seed)
   params = init_probe(cfg, x_train.shape[1], num_classes, jax.random.key(cfg.seed))
   opt_state = optax.adam(cfg.learning_rate).init(params)
-  best, best_acc, since, epoch = params, -1.0, 0, 0
+  best, best_score, since, epoch = params, -np.inf, 0, 0
   for epoch in range(1, cfg.max_epochs + 1):
     batches = _batches(x_train, y_train, min(cfg.batch_size, len(y_train)), rng)
     params, opt_state, _ = _epoch(params, opt_state, *batches, cfg=cfg)
-    acc = accuracy(params, x_dev, y_dev)
-    if acc > best_acc:
-      best, best_acc, since = params, acc, 0
+    score = (accuracy(params, x_dev, y_dev) if cfg.select == "accuracy"
+             else -float(_mean_nll(params, x_dev, y_dev)))
+    if score > best_score:
+      best, best_score, since = params, score, 0
     else:
       since += 1
       if since >= cfg.patience:
         break
-  return best, {"epochs": epoch, "dev_accuracy": best_acc}
+  return best, {"epochs": epoch, "dev_accuracy": accuracy(best, x_dev, y_dev)}
 
 
 def _standardized(x_MxD: np.ndarray, train_idx: np.ndarray) -> np.ndarray:
@@ -182,18 +194,25 @@ def probe_layer(x_MxD: np.ndarray, labels_M: np.ndarray, splits: dict[str, np.nd
 def probe_all_layers(layers: Sequence[np.ndarray], labels_M: np.ndarray,
                      sentence_ids_M: np.ndarray, num_classes: int, cfg: ProbeConfig, *,
                      types: Sequence[str] | None = None,
-                     fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> dict:
-  """One probe per layer (+ control probes when word `types` are given), same splits."""
+                     fractions: Sequence[float] = (0.8, 0.1, 0.1), progress: bool = True
+                     ) -> dict:
+  """One probe per layer (+ control probes when word `types` are given), same splits.
+  `progress`: a line (or bar) per layer fitted, on stderr."""
   splits = split_items(sentence_ids_M, fractions, cfg.seed)
   control_M = None if types is None else control_labels(types, labels_M, num_classes,
                                                          seed=cfg.seed)
   out = {"config": dataclasses.asdict(cfg),
          "split_sizes": {k: int(len(v)) for k, v in splits.items()},
          "majority_baseline": majority_accuracy(labels_M[splits["train"]],
-                                                labels_M[splits["test"]])}
+                                                labels_M[splits["test"]]),
+         "majority_label": int(np.bincount(labels_M[splits["train"]]).argmax()),
+         "control_task": control_M is not None}
   if control_M is not None:
     out["control_majority_baseline"] = majority_accuracy(control_M[splits["train"]],
                                                          control_M[splits["test"]])
+  desc = f"fitting {cfg.kind} probes" + (" (+ control)" if control_M is not None else "")
+  fitting = progress_lib.track(enumerate(layers), desc, total=len(layers), unit="layer",
+                               every=1, enabled=progress)
   out["layers"] = [{"layer": n, **probe_layer(x, labels_M, splits, num_classes, cfg, control_M)}
-                   for n, x in enumerate(layers)]
+                   for n, x in fitting]
   return out

@@ -47,6 +47,12 @@ def _save(fig, path) -> pathlib.Path:
   return path
 
 
+def _legend_outside(ax) -> None:
+  """The legend right of the axes, where it covers no line or bar (saved with the figure:
+  `_save` uses a tight bounding box)."""
+  ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
 def plot_probe_accuracy(probe: Mapping, path, title: str = "probe accuracy by layer"):
   """Task and control accuracy per layer, majority baseline, selectivity bars."""
   plt = _pyplot()
@@ -62,7 +68,7 @@ def plot_probe_accuracy(probe: Mapping, path, title: str = "probe accuracy by la
   ax.axhline(probe["majority_baseline"], color="gray", ls=":", label="majority")
   ax.set(xlabel="layer (0 = embeddings)", ylabel="accuracy", ylim=(low, 1), title=title,
          xticks=layers)
-  ax.legend(loc="lower right")
+  _legend_outside(ax)
   return _save(fig, path)
 
 
@@ -94,7 +100,7 @@ def plot_cosine_by_layer(health: Sequence[Mapping], path):
   ax.plot(layers, [r["cosine"]["mean"] for r in health], "o-", label="mean")
   ax.set(xlabel="layer (0 = embeddings)", ylabel="pairwise cosine", ylim=(-1, 1),
          title="cosine similarity by layer", xticks=layers)
-  ax.legend(loc="lower right")
+  _legend_outside(ax)
   return _save(fig, path)
 
 

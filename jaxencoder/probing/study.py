@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from jaxencoder import progress as progress_lib
 from jaxencoder.config import EncoderConfig
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features as features_lib
@@ -35,6 +36,7 @@ class StudyOptions:
   health_thresholds: health.HealthThresholds = health.HealthThresholds()
   attention_sentence: str | list[str] | None = None  # default: the first sentence
   image_norm: images.Normalisation | None = None  # None: as train.py (image_pipeline's)
+  progress: bool = True  # each long phase on stderr (progress.bar / phase)
 
 
 def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, out_dir,
@@ -56,14 +58,18 @@ def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, ou
          "tokenizer": None if is_image else _tokenizer_summary(tokenizer, feats.info),
          "labels": feats.label_names, "extract_seconds": time.time() - started}
   rep["probes"] = _probes(feats, options)
-  rep["representation"] = representation.all_layers(feats.layers, options.collapse,
-                                                    seed=options.probe.seed)
+  rep["majority_baseline"] = _majority(rep["probes"], feats.label_names)
+  with progress_lib.phase(f"representation health of {len(feats.layers)} layers",
+                          enabled=options.progress):
+    rep["representation"] = representation.all_layers(feats.layers, options.collapse,
+                                                      seed=options.probe.seed)
   rep["collapse_thresholds"] = dataclasses.asdict(options.collapse)
   rep["attention"] = feats.attention
   records = RunDir.open(workdir).read_metrics() if workdir is not None else []
   if records:
     rep["training_health"] = health.training_health(records, options.health_thresholds)
-  rep["plots"] = _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options)
+  with progress_lib.phase("attention maps and plots", enabled=options.progress):
+    rep["plots"] = _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options)
   rep["seconds"] = time.time() - started
   report.write_json(rep, out_dir / "report.json")
   return rep
@@ -74,11 +80,12 @@ def _extract(cfg, params, tokenizer, dataset, options: StudyOptions, out_dir
   if dataset.level == "image":
     return images.extract(cfg, params, dataset, norm=options.image_norm, pool=options.pool,
                           batch_size=options.batch_size, out_dir=out_dir,
-                          sparsity_threshold=options.sparsity_threshold)
+                          sparsity_threshold=options.sparsity_threshold,
+                          progress=options.progress)
   return features_lib.extract(
       cfg, params, tokenizer, dataset, pool=options.pool, batch_size=options.batch_size,
       max_length=options.max_length, sparsity_threshold=options.sparsity_threshold,
-      out_dir=out_dir)
+      out_dir=out_dir, progress=options.progress)
 
 
 def _model_summary(cfg: EncoderConfig) -> dict:
@@ -103,8 +110,17 @@ def _probes(feats: features_lib.Features, options: StudyOptions) -> dict:
   kinds = [options.probe] + ([dataclasses.replace(options.probe, kind="mlp")]
                              if options.mlp else [])
   return {cfg.kind: probes.probe_all_layers(feats.layers, feats.labels_M, feats.sentence_ids_M,
-                                            len(feats.label_names), cfg, types=types)
+                                            len(feats.label_names), cfg, types=types,
+                                            progress=options.progress)
           for cfg in kinds}
+
+
+def _majority(probe_results: dict, label_names: list[str]) -> dict:
+  """The majority baseline: test accuracy of always answering the most frequent training
+  label (every probe kind shares the splits)."""
+  first = next(iter(probe_results.values()))
+  return {"accuracy": first["majority_baseline"],
+          "label": label_names[first["majority_label"]], "split": "test"}
 
 
 def _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options) -> list[str]:

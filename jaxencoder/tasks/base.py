@@ -70,6 +70,8 @@ class Family:
   # "words" (the same, for lines of space-separated words) or pooled "vectors"; a task
   # absent here has no predictions.
   predicts: dict[str, str] = {}
+  # Tasks whose predictions come with one score per class (jaxencoder-predict --scores).
+  scored: tuple[str, ...] = ()
 
   def resolve(self, config) -> str:
     """The task to build from a config (ConfigDict or stored dict), options folded in."""
@@ -127,6 +129,10 @@ class Family:
   def predict(self, name: str, predictor, batch: dict[str, np.ndarray], args: tuple,
               lines: list[str]):
     """Output lines (`predicts` "lines" / "words") or pooled vectors [N, D] ("vectors")."""
+    raise NotImplementedError
+
+  def scores(self, name: str, predictor, args: tuple) -> np.ndarray:
+    """[B, C] one score per class of a batch (tasks in `scored`)."""
     raise NotImplementedError
 
 

@@ -78,6 +78,7 @@ class Classification(Family):
   record_columns = {"multilabel": ("text", "labels"),
                     "multiple_choice": ("text", "choice_0", "label")}
   predicts = {"classify": "lines", "multilabel": "lines", "token_classify": "words"}
+  scored = ("classify", "multilabel")
 
   def build(self, name, cfg, *, num_classes=2) -> Task:
     input_key = INPUT_KEYS[cfg.input_kind]
@@ -146,6 +147,15 @@ class Classification(Family):
                      for i, w in enumerate(line.split())
                      if i < first_BxW.shape[1] and first_BxW[b, i] >= 0)
             for b, line in enumerate(lines)]
+
+  def scores(self, name, predictor, args):
+    """classify: the softmax over classes; multilabel: each label's own sigmoid."""
+    logits_BxC = np.asarray(predictor.model.apply({"params": predictor.params}, *args),
+                            np.float64)
+    if name == "multilabel":
+      return 1.0 / (1.0 + np.exp(-logits_BxC))
+    exp_BxC = np.exp(logits_BxC - logits_BxC.max(-1, keepdims=True))
+    return exp_BxC / exp_BxC.sum(-1, keepdims=True)
 
 
 FAMILY = Classification()

@@ -50,45 +50,25 @@ def _failing_line(path: pathlib.Path, error: Exception) -> str:
   return f"{path}:{lines[-1]}" if lines else str(path)
 
 
-def quiet_library_logs() -> None:
-  """Library chatter a user cannot act on (orbax's and tfds' info and warnings through
-  absl); real errors still show. JAXENCODER_VERBOSE=1 keeps everything."""
-  if os.environ.get("JAXENCODER_VERBOSE"):
-    return
-  logging.getLogger("absl").setLevel(logging.ERROR)
-  logging.getLogger("absl").addFilter(_not_out_of_space)
-  sys.unraisablehook = _without_closed_loop(sys.unraisablehook)
-
-
-def _without_closed_loop(hook):
-  """After a failed save, tensorstore's callbacks into orbax's closed event loop each print
-  a traceback ('Event loop is closed'); the failure itself is reported."""
-  def filtered(unraisable):
-    value = unraisable.exc_value
-    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
-      hook(unraisable)
-  return filtered
-
-
-def _not_out_of_space(record: logging.LogRecord) -> bool:
-  """Drops orbax's logged tracebacks of a full disk: train.py names it in one line."""
-  from jaxencoder.io.checkpoint import is_out_of_space
-  return not (record.exc_info and is_out_of_space(record.exc_info[1]))
-
-
 def parse_args(argv):
   parser = argparse.ArgumentParser(prog="jaxencoder-train", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", help="a configs/*.py file (optional with --eval_only)")
-  parser.add_argument("--workdir", required=True, help="checkpoints, metrics, TensorBoard")
+  parser.add_argument("--workdir", help="checkpoints, metrics, TensorBoard (required)")
   parser.add_argument("--eval_only", action="store_true",
                       help="evaluate the run's newest checkpoint and exit (no training)")
+  parser.add_argument("--print_config", action="store_true",
+                      help="print the config with the overrides applied (every key) and exit")
+  cli.add_verbose_flag(parser)
   group = parser.add_argument_group(
       "multi-process", "one process per host (or GPU); auto-detected on Cloud TPU and SLURM")
   group.add_argument("--coordinator_address", help="host:port of process 0")
   group.add_argument("--num_processes", type=int)
   group.add_argument("--process_id", type=int)
-  return parse_with_overrides(parser, argv)
+  args, overrides = parse_with_overrides(parser, argv)
+  if args.workdir is None and not args.print_config:
+    parser.error("the following arguments are required: --workdir")
+  return args, overrides
 
 
 def parse_with_overrides(parser: argparse.ArgumentParser, argv):
@@ -107,8 +87,8 @@ def main(argv=None) -> None:
   logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s",
                       force=True)  # absl, imported on the way, has set up a handler
   logging.getLogger("jaxencoder").setLevel(logging.INFO)
-  quiet_library_logs()
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  cli.quiet_library_logs()  # before the imports below: they load orbax and tfds
   from jaxencoder.data.readers import DataError
   from jaxencoder.io.checkpoint import CheckpointError
   from jaxencoder.train.loop import NonFiniteLossError
@@ -150,6 +130,8 @@ def full_disk(error: OSError) -> str | None:
 
 def run(args, overrides: list[str]) -> dict[str, float] | None:
   """Loads the config, applies the overrides and trains; final eval metrics on process 0."""
+  if args.print_config:
+    return print_config(args.config, overrides)
   from jaxencoder.train import distributed
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
   from jaxencoder.train.config import apply_overrides
@@ -168,6 +150,14 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
     check_writable_workdir(args.workdir)
     metrics = loop.train_and_evaluate(config, args.workdir)
   return metrics if jax.process_index() == 0 else None
+
+
+def print_config(path: str | None, overrides: list[str]) -> None:
+  """Prints every key of the config at `path` (the base config without one), overridden."""
+  from jaxencoder.train.config import apply_overrides, base_config
+  config = load_config(path) if path else base_config()
+  apply_overrides(config, overrides)
+  print(config)
 
 
 def check_writable_workdir(workdir: str) -> None:

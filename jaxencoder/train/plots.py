@@ -1,4 +1,6 @@
-"""PNG plots of a run's metrics.jsonl: loss, accuracy and learning rate against step.
+"""PNG plots of a run's metrics.jsonl against step: the loss and every eval metric the task
+logs (train, eval and test points), the learning rate (the schedule of the run's stored
+config at every step, the logged values over it), the gradient norm and the throughput.
 
   jaxencoder-plot RUN_DIR [--out DIR]     # default: RUN_DIR/plots (local runs)
 
@@ -9,44 +11,102 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+from typing import Any
+
+import numpy as np
 
 from jaxencoder import cli
-from jaxencoder.io.run_dir import read_metrics
 
-PLOTS = {"loss": ("train", "eval"), "accuracy": ("train", "eval"), "learning_rate": ("train",)}
+SPLITS = ("train", "eval", "test")
+NOT_METRICS = ("step", "split", "time")
+TRAIN_ONLY = ("learning_rate", "grad_norm")
+SCHEDULE = "schedule"  # the label of the learning-rate line drawn from the config
 
 
 def plot_metrics(run_path, out_dir) -> list[pathlib.Path]:
   """Writes OUT/<metric>.png for each metric the run logged; returns the paths."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from jaxencoder.io.run_dir import read_metrics  # here: --help loads no JAX
   records = read_metrics(run_path)
   if not records:
     raise FileNotFoundError(f"{run_path}: no metrics.jsonl rows to plot")
+  figs = figures(records, run_config(run_path), title=pathlib.Path(str(run_path)).name)
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   written = []
-  for metric, splits in PLOTS.items():
-    series = {s: [(r["step"], r[metric]) for r in records if r["split"] == s and metric in r]
-              for s in splits}
-    series = {s: points for s, points in series.items() if points}
-    if not series:
-      continue
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for split, points in series.items():
-      steps, values = zip(*sorted(points))
-      ax.plot(steps, values, "o-" if len(points) < 30 else "-", label=split, markersize=3)
-    ax.set_xlabel("step")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric}: {pathlib.Path(str(run_path)).name}")
-    ax.legend()
-    fig.tight_layout()
+  for metric, fig in figs.items():
     path = out_dir / f"{metric}.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     written.append(path)
   return written
+
+
+def run_config(run_path) -> dict[str, Any]:
+  """The config stored with the run's latest checkpoint; {} without one."""
+  from jaxencoder.io.run_dir import RunDir
+  run = RunDir(run_path)
+  return run.read_config() if run.latest_step() is not None else {}
+
+
+def metric_names(records) -> list[str]:
+  """The plots: loss, every numeric eval / test metric, then the train-only ones and the
+  throughput (tokens/s, or examples/s where rows hold no tokens)."""
+  names = ["loss"]
+  for r in records:
+    if r["split"] != "train":
+      names += [k for k, v in r.items() if k not in names + list(NOT_METRICS)
+                and isinstance(v, (int, float))]
+  train = [r for r in records if r["split"] == "train"]
+  tokens = any(r.get("tokens_per_s", 0) > 0 for r in train)
+  names += [*TRAIN_ONLY, "tokens_per_s" if tokens else "examples_per_s"]
+  return names
+
+
+def series(records, metric: str) -> dict[str, tuple[list[int], list[float]]]:
+  """split -> (steps, values) of the rows holding `metric`, by step."""
+  out = {}
+  for split in SPLITS:
+    points = sorted((r["step"], r[metric]) for r in records if r["split"] == split and metric in r)
+    if points:
+      out[split] = tuple(map(list, zip(*points)))
+  return out
+
+
+def schedule_line(config: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+  """(steps 1..num_train_steps, the learning rate update `step` applied), the convention
+  of the logged learning_rate; from the stored config's optimizer schedule. None without
+  a config."""
+  if not config.get("optim") or not config.get("num_train_steps"):
+    return None
+  from jaxencoder.train.optim import learning_rate_schedule
+  steps = np.arange(1, config["num_train_steps"] + 1)
+  return steps, np.asarray(learning_rate_schedule(config["optim"])(steps - 1), np.float64)
+
+
+def figures(records, config: dict[str, Any], *, title: str = "") -> dict[str, Any]:
+  """metric -> a matplotlib Figure for each metric with points (see `metric_names`); no
+  pyplot: nothing is kept open, no GUI backend is chosen."""
+  from matplotlib.figure import Figure
+  from matplotlib.ticker import MaxNLocator
+  out = {}
+  for metric in metric_names(records):
+    points = series(records, metric)
+    if not points:
+      continue
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
+    line = schedule_line(config) if metric == "learning_rate" else None
+    if line is not None:
+      ax.plot(*line, "-", label=SCHEDULE, color="0.6", linewidth=1)
+    for split, (steps, values) in points.items():
+      style = "o" if line is not None else "o-" if len(steps) < 30 else "-"
+      ax.plot(steps, values, style, label=split, markersize=3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric}: {title}" if title else metric)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+    out[metric] = fig
+  return out
 
 
 def main(argv=None) -> None:

@@ -13,30 +13,38 @@ By the run's task (read from the config stored with its checkpoint):
 Text runs only; span and multiple_choice runs are not supported (their eval metrics are
 in the run's metrics.jsonl). Labels are named from the run's prepared dataset when it
 is still there, else printed as class indices.
+
+  --scores      classify: each class's probability (softmax); multilabel: each label's
+                sigmoid; a column per class, named by the run's labels. Other tasks have
+                no per-class scores (their prediction is the whole output): an error.
+  --format jsonl (or --out FILE.jsonl): one JSON object per input line,
+                {"input", "prediction" (a vector for embeddings), "scores": {class: p}}.
+  --batch-size  lines per forward pass; any size gives the same predictions.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import pathlib
+from typing import TYPE_CHECKING
 
-import flax.linen as nn
-import ml_collections
 import numpy as np
 
 from jaxencoder import cli
-from jaxencoder.config import EncoderConfig
-from jaxencoder.io.checkpoint import _first_line, restore_params_only
-from jaxencoder.io.run_dir import RunDir
-from jaxencoder.restore_targets import abstract_params
-from jaxencoder.tasks import registry
-from jaxencoder.tasks.base import Family
-from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
-from jaxencoder.train import datasets
+from jaxencoder import progress as progress_lib
 
-BATCH = 32
+if TYPE_CHECKING:  # the model side loads on use: `--help` imports no JAX or Flax
+  import flax.linen as nn
+
+  from jaxencoder.config import EncoderConfig
+  from jaxencoder.io.run_dir import RunDir
+  from jaxencoder.tasks.base import Family
+  from jaxencoder.tokenizer import Tokenizer
+
+BATCH = 32  # lines per forward pass (--batch-size)
 log = logging.getLogger("jaxencoder")
 
 
@@ -70,6 +78,8 @@ class Predictor:
 def load(run_path, step: int | None = None) -> Predictor:
   """The run's model at `step`; by default at its newest step that restores (a damaged
   newer one is skipped with a warning, as training skips it on resume). Reads only."""
+  from jaxencoder.io.run_dir import RunDir
+  from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
   run = RunDir.open(run_path)
   p, config = _restore(run, run_path, step)
   cfg = p.cfg
@@ -83,6 +93,7 @@ def load(run_path, step: int | None = None) -> Predictor:
 def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
   """(Predictor without its tokenizer, config) of `step`, or of the newest step that
   restores; else a ValueError naming each step tried and why."""
+  from jaxencoder.io.checkpoint import _first_line
   saved = ", ".join(map(str, run.steps()))
   if step is not None and step not in run.steps():
     raise FileNotFoundError(f"{run.checkpoint_dir}: no step {step}; saved steps: {saved}")
@@ -104,6 +115,10 @@ def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
 
 
 def _restore_step(run: RunDir, run_path, step: int) -> tuple[Predictor, dict]:
+  from jaxencoder.config import EncoderConfig
+  from jaxencoder.io.checkpoint import restore_params_only
+  from jaxencoder.restore_targets import abstract_params
+  from jaxencoder.tasks import registry
   config = run.read_config(step)
   cfg = EncoderConfig.from_dict(config["model"])
   if cfg.input_kind != "text":
@@ -125,6 +140,9 @@ def _restore_step(run: RunDir, run_path, step: int) -> tuple[Predictor, dict]:
 
 def _label_names(config: dict) -> list[str] | None:
   """Class names from the run's prepared dataset, if it can still be opened."""
+  import ml_collections
+
+  from jaxencoder.train import datasets
   data = ml_collections.ConfigDict(config["data"])
   try:
     return datasets.label_names(data, data.source)
@@ -132,17 +150,57 @@ def _label_names(config: dict) -> list[str] | None:
     return None
 
 
-def predict(p: Predictor, lines: list[str]) -> list[str] | np.ndarray:
+@dataclasses.dataclass
+class Predictions:
+  """Outputs of N lines, and their class scores when asked for."""
+  outputs: list[str] | np.ndarray  # output lines, or pooled vectors [N, D]
+  scores_NxC: np.ndarray | None = None
+  score_names: list[str] | None = None  # the class of each score column
+
+
+def predict(p: Predictor, lines: list[str], *, batch_size: int = BATCH,
+            progress: bool = False) -> list[str] | np.ndarray:
   """Output lines, or pooled vectors [N, D] (the task's family's `predicts`)."""
-  outputs = []
-  for start in range(0, len(lines), BATCH):
-    outputs.append(_predict_batch(p, lines[start:start + BATCH]))
-  if p.predicts != "vectors":
-    return [line for batch in outputs for line in batch]
-  return np.concatenate(outputs) if outputs else np.zeros((0, p.cfg.emb_dim), np.float32)
+  return predictions(p, lines, batch_size=batch_size, progress=progress).outputs
 
 
-def _predict_batch(p: Predictor, lines: list[str]):
+def predictions(p: Predictor, lines: list[str], *, batch_size: int = BATCH,
+                scores: bool = False, progress: bool = False) -> Predictions:
+  """Predictions of `lines`, `batch_size` at a time (any size gives the same results);
+  `scores`: also one score per class (a ValueError for a task without them). `progress`:
+  a bar (or plain lines) over the batches, on stderr."""
+  if batch_size < 1:
+    raise ValueError(f"batch size {batch_size}: needs at least 1 line per batch")
+  if scores and p.task not in p.family.scored:
+    raise ValueError(_no_scores(p.task))
+  outputs, scored = [], []
+  starts = range(0, len(lines), batch_size)
+  for start in progress_lib.track(starts, "predicting", unit="batch", enabled=progress):
+    chunk = lines[start:start + batch_size]
+    batch, args = _encode(p, chunk)
+    outputs.append(p.family.predict(p.task, p, batch, args, chunk))
+    if scores:
+      scored.append(p.family.scores(p.task, p, args))
+  if p.predicts == "vectors":
+    result = Predictions(np.concatenate(outputs) if outputs
+                         else np.zeros((0, p.cfg.emb_dim), np.float32))
+  else:
+    result = Predictions([line for batch in outputs for line in batch])
+  if scores:
+    result.scores_NxC = np.concatenate(scored) if scored else np.zeros((0, 0))
+    result.score_names = [p.label(c) for c in range(result.scores_NxC.shape[1])]
+  return result
+
+
+def _no_scores(task: str) -> str:
+  from jaxencoder.tasks import registry
+  scored = [name for family in registry.FAMILIES for name in family.scored]
+  return (f"--scores: a {task!r} run has no per-class scores (its prediction is the whole "
+          f"output); scores come with {', '.join(scored)} runs")
+
+
+def _encode(p: Predictor, lines: list[str]) -> tuple[dict, tuple]:
+  """(tokenizer batch, model args) of a few input lines."""
   if p.predicts == "words":
     words = [line.split() for line in lines]
     batch = p.tokenizer.encode_batch(words, max_length=p.seq_len, is_pretokenized=True)
@@ -153,8 +211,7 @@ def _predict_batch(p: Predictor, lines: list[str]):
     batch = p.tokenizer.encode_batch([pair[0] for pair in pairs], texts_b if has_b else None,
                                      max_length=p.seq_len)
   types = batch["token_type_ids"] if p.cfg.type_vocab_size else None
-  args = (batch["input_ids"], batch["attention_mask"], types)
-  return p.family.predict(p.task, p, batch, args, lines)
+  return batch, (batch["input_ids"], batch["attention_mask"], types)
 
 
 def main(argv=None) -> None:
@@ -162,26 +219,79 @@ def main(argv=None) -> None:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--run", required=True, help="a train.py workdir (local or gs://)")
   parser.add_argument("--input", required=True, help="a text file, one input per line")
-  parser.add_argument("--out", help="output file (default: stdout; .npy for embeddings)")
+  parser.add_argument("--out", help="output file (default: stdout; .npy for embeddings; "
+                      ".jsonl: JSON lines)")
   parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+  parser.add_argument("--scores", action="store_true",
+                      help="also each class's probability (classify, multilabel runs)")
+  parser.add_argument("--format", choices=("text", "jsonl"),
+                      help="text lines (embeddings: .npy) or JSON lines (default: jsonl when "
+                      "--out ends in .jsonl, else text)")
+  parser.add_argument("--batch-size", type=_positive, default=BATCH,
+                      help=f"lines per forward pass (default: {BATCH})")
   args = parser.parse_args(argv)
   cli.run_main(lambda: _main(args))
+
+
+def _positive(text: str) -> int:
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{text}: needs a whole number >= 1")
+  return value
 
 
 def _main(args) -> None:
   lines = [line for line in pathlib.Path(args.input).read_text(encoding="utf-8").splitlines()
            if line.strip()]
+  jsonl = (args.format or ("jsonl" if (args.out or "").endswith(".jsonl") else "text")) == "jsonl"
   p = load(args.run, args.step)
-  result = predict(p, lines)
-  if isinstance(result, np.ndarray):
+  result = predictions(p, lines, batch_size=args.batch_size, scores=args.scores, progress=True)
+  if jsonl:
+    rows = [json.dumps(record) for record in json_records(result, lines)]
+    _emit(args.out, rows, f"{len(lines)} predictions (JSON lines)")
+  elif isinstance(result.outputs, np.ndarray):
     out = pathlib.Path(args.out or "embeddings.npy")
-    np.save(out, result)
-    print(f"wrote {out}: {result.shape[0]} x {result.shape[1]} pooled vectors")
-  elif args.out:
-    pathlib.Path(args.out).write_text("".join(line + "\n" for line in result), encoding="utf-8")
-    print(f"wrote {args.out}: {len(result)} predictions")
+    np.save(out, result.outputs)
+    print(f"wrote {out}: {result.outputs.shape[0]} x {result.outputs.shape[1]} pooled vectors")
   else:
-    print("\n".join(result))
+    _emit(args.out, text_lines(result, lines), f"{len(lines)} predictions")
+
+
+def _emit(out: str | None, rows: list[str], what: str) -> None:
+  """Rows to the file `out`, else to stdout."""
+  if out:
+    pathlib.Path(out).write_text("".join(row + "\n" for row in rows), encoding="utf-8")
+    print(f"wrote {out}: {what}")
+  elif rows:
+    print("\n".join(rows))
+
+
+def prediction_of(output: str, line: str) -> str:
+  """The prediction alone: an output line ("prediction<TAB>input" or tagged words) without
+  its input."""
+  return output.removesuffix("\t" + line)
+
+
+def json_records(result: Predictions, lines: list[str]) -> list[dict]:
+  """{"input", "prediction"[, "scores": {class: score}]} per input line."""
+  records = []
+  for i, (output, line) in enumerate(zip(result.outputs, lines)):
+    record = {"input": line, "prediction": output.tolist() if isinstance(output, np.ndarray)
+              else prediction_of(output, line)}
+    if result.scores_NxC is not None:
+      record["scores"] = dict(zip(result.score_names, map(float, result.scores_NxC[i])))
+    records.append(record)
+  return records
+
+
+def text_lines(result: Predictions, lines: list[str]) -> list[str]:
+  """The output lines; with scores, "prediction<TAB>score per class<TAB>input" under a
+  header naming the columns."""
+  if result.scores_NxC is None:
+    return list(result.outputs)
+  header = "\t".join(["prediction", *result.score_names, "input"])
+  return [header] + ["\t".join([prediction_of(output, line), *(f"{v:.6f}" for v in row), line])
+                     for output, row, line in zip(result.outputs, result.scores_NxC, lines)]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,123 @@
+"""A wrong name on the command line is one line naming the closest right ones, exit 2;
+and the tools' small answers (a text's tokens, where MiniLM lives)."""
+
+import json
+import pathlib
+
+import pytest
+
+from jaxencoder import cli
+from jaxencoder.aot.__main__ import main as compile_main
+from jaxencoder.pretrained.__main__ import main as convert_main
+from jaxencoder.tokenizer import main as tokenizer_main
+from jaxencoder.train import stop
+from jaxencoder.train.__main__ import main as train_main
+from jaxencoder.train.config import base_config, override_model
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LIST_KEYS = "(see every key: jaxencoder-train --config FILE --print_config)"
+
+
+@pytest.fixture(autouse=True)
+def no_global_changes(monkeypatch):
+  """The mains quiet the libraries and arm Ctrl-C handling for the whole process."""
+  monkeypatch.setenv("JAXENCODER_VERBOSE", "1")
+  monkeypatch.setattr(stop, "exit_on_second_interrupt", stop.exit_on_second_interrupt)
+  monkeypatch.chdir(REPO)
+
+
+def one_error_line(capsys, main, argv) -> str:
+  with pytest.raises(SystemExit) as exit_:
+    main(argv)
+  assert exit_.value.code == cli.EXIT_USER_ERROR
+  err = capsys.readouterr().err
+  assert len(err.splitlines()) == 1, err
+  return err.strip()
+
+
+# ------------------------------------------------------------------ did you mean
+def test_a_misspelt_dotted_key_names_the_one_it_meant():
+  keys = ["optim.learning_rate", "optim.warmup_steps", "data.seq_len", "batch_size"]
+  assert cli.did_you_mean("optim.learnin_rate", keys) == "did you mean optim.learning_rate?"
+
+
+def test_a_leaf_without_its_section_or_as_initials_finds_the_full_key():
+  keys = ["optim.learning_rate", "data.seq_len", "model.num_layers"]
+  assert cli.did_you_mean("seq_len", keys) == "did you mean data.seq_len?"
+  assert cli.did_you_mean("optim.lr", keys) == "did you mean optim.learning_rate?"
+
+
+def test_several_close_names_are_listed_up_to_three_and_none_gives_nothing():
+  names = ["emb_dim", "image_size", "vocab_size", "num_heads"]
+  assert cli.did_you_mean("emb_size", names) == "did you mean emb_dim, image_size or vocab_size?"
+  assert cli.did_you_mean("xyz", names) == ""
+
+
+# ------------------------------------------------------------------ each tool
+def test_train_names_the_closest_config_key(capsys, tmp_path):
+  err = one_error_line(capsys, train_main, ["--config", "configs/mlm_tiny.py", "--workdir",
+                                            str(tmp_path), "--config.optim.learnin_rate=1"])
+  assert err == ("error: unknown config key 'optim.learnin_rate'; did you mean "
+                 f"optim.learning_rate? {LIST_KEYS}")
+
+
+def test_override_model_names_the_closest_fields():
+  with pytest.raises(KeyError) as error:
+    override_model(base_config(), emb_size=48)
+  assert error.value.args[0] == ("unknown model field 'emb_size'; did you mean emb_dim, "
+                                 f"image_size or vocab_size? {LIST_KEYS}")
+
+
+def test_print_config_lists_every_key_with_the_overrides(capsys):
+  train_main(["--config", "configs/mlm_tiny.py", "--print_config",
+              "--config.optim.learning_rate=0.25"])
+  out = capsys.readouterr().out
+  assert "learning_rate: 0.25" in out and "seq_len:" in out and "num_layers:" in out
+
+
+def test_compile_names_the_closest_topologies(capsys):
+  err = one_error_line(capsys, compile_main, ["--config", "configs/mlm_tiny.py",
+                                              "--topology", "v5f-8"])
+  assert err.startswith("error: unknown topology 'v5f-8': did you mean v5e-8 or v5p-8? "
+                        "use a Cloud TPU type: v4-8")
+
+
+def test_convert_names_the_closest_model_family(capsys, tmp_path):
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "robrta"}))
+  err = one_error_line(capsys, convert_main, ["--from", str(tmp_path / "hf"),
+                                              "--to", str(tmp_path / "run")])
+  assert err == (f"error: {tmp_path / 'hf' / 'config.json'}: model_type='robrta' is not "
+                 "supported; did you mean roberta? supported: ['bert', 'distilbert', "
+                 "'electra', 'modernbert', 'roberta', 'vit']")
+
+
+def test_convert_where_names_the_closest_checkpoint_name(capsys):
+  err = one_error_line(capsys, convert_main, ["--where", "minlm"])
+  assert err == "error: unknown checkpoint name 'minlm'; did you mean minilm? (named: minilm)"
+
+
+def test_tokenizer_names_the_bundled_one_for_a_close_name(capsys):
+  err = one_error_line(capsys, tokenizer_main, ["encode", "hello", "--tokenizer", "minlm"])
+  assert err == ("error: unknown tokenizer 'minlm'; did you mean minilm? (no such file or "
+                 "directory; pass a vocab.txt, tokenizer.json, a directory holding one, or "
+                 "minilm)")
+
+
+# ------------------------------------------------------------------ small answers
+def test_tokenizer_encode_prints_id_and_piece_of_each_token(capsys):
+  tokenizer_main(["encode", "hello"])
+  assert capsys.readouterr().out == "101\t[CLS]\n7592\thello\n102\t[SEP]\n"
+
+
+def test_tokenizer_encode_reads_a_tokenizer_directory(capsys, tmp_path):
+  (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhe\n##llo\n")
+  tokenizer_main(["encode", "Hello", "--tokenizer", str(tmp_path)])
+  assert capsys.readouterr().out == "2\t[CLS]\n5\the\n6\t##llo\n3\t[SEP]\n"
+
+
+def test_convert_where_prints_the_minilm_model_directory(capsys):
+  convert_main(["--where", "minilm"])
+  path = pathlib.Path(capsys.readouterr().out.strip())
+  assert path.name == "model" and (path / "model.safetensors").is_file()
+  assert (path / "config.json").is_file()
