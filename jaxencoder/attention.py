@@ -73,7 +73,8 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x_BxLxD, mask_Bx1xLxL, bias_BxHxLxL, key_mask_BxL, positions_BxL,
                *, deterministic: bool, output_attentions: bool = False,
                query_rows_BxQ=None, segment_ids_BxL=None, plan: AttentionPlan | None = None,
-               kv_BxSxD=None, decode: bool = False, cache_index=None, local=None):
+               kv_BxSxD=None, decode: bool = False, cache_index=None, local=None,
+               head_mask_H=None):
     """Attends from every position, or only from `query_rows_BxQ` (then L below reads Q
     for the queries and the output is [B, Q, D]; keys and values still span all L).
 
@@ -85,6 +86,9 @@ class MultiHeadAttention(nn.Module):
     `local` (cfg.global_attention_every > 0): whether this is a local layer (window, local
     RoPE base; the caller's mask already says which). A traced bool (scanned stack) has no
     static window, so only `xla` and `fused` serve it.
+
+    `head_mask_H`: each head's output is scaled by it (0 drops the head) before the output
+    projection, whichever implementation computed it.
     """
     cfg = self.cfg
     heads = (cfg.num_heads, cfg.resolved_head_dim)
@@ -147,6 +151,8 @@ class MultiHeadAttention(nn.Module):
       dropout = nn.Dropout(cfg.attention_dropout_rate, deterministic=deterministic)
       out_BxLxHxK, probs_BxHxLxL = xla_attention(
           q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_Bx1xLxL, bias_BxHxLxL, dropout)
+    if head_mask_H is not None:
+      out_BxLxHxK = out_BxLxHxK * head_mask_H.astype(out_BxLxHxK.dtype)[None, None, :, None]
     out_BxLxD = dense(cfg, cfg.emb_dim, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
                       name="out")(out_BxLxHxK)
     return out_BxLxD, (probs_BxHxLxL if output_attentions else None)

@@ -91,6 +91,12 @@ class BlockInputs:
                                                default=AttentionPlan("xla"))
   # cfg.global_attention_every > 0: the local layers' mask (mask_Bx1xLxL is the global one).
   local_mask_Bx1xLxL: jax.Array | None = None
+  # 1 keeps head h of layer n, 0 zeroes its output before the output projection; None: all.
+  head_mask_NxH: jax.Array | None = None
+
+  def layer_head_mask(self, index):
+    """Layer `index`'s row of the head mask [H] (index an int or traced); None without."""
+    return None if self.head_mask_NxH is None else self.head_mask_NxH[index]
 
   def layer_mask(self, local):
     """The mask of a layer: `local` None (no per-layer pattern), a bool, or traced."""
@@ -99,6 +105,16 @@ class BlockInputs:
     if isinstance(local, jax.Array):
       return jnp.where(local, self.local_mask_Bx1xLxL, self.mask_Bx1xLxL)
     return self.local_mask_Bx1xLxL if local else self.mask_Bx1xLxL
+
+
+def check_head_mask(cfg: EncoderConfig, head_mask) -> jax.Array:
+  """`head_mask` as a float [num_layers, num_heads] array; a ValueError naming the shape
+  it should have otherwise."""
+  expected = (cfg.num_layers, cfg.num_heads)
+  if tuple(jnp.shape(head_mask)) != expected:
+    raise ValueError(f"head_mask has shape {tuple(jnp.shape(head_mask))}, expected "
+                     f"[num_layers, num_heads] = {list(expected)}")
+  return jnp.asarray(head_mask, jnp.float32)
 
 
 def local_layer(cfg: EncoderConfig, layer):
@@ -136,7 +152,8 @@ class EncoderBlock(nn.Module):
         h_BxLxD, inputs.layer_mask(local), inputs.bias_BxHxLxL, inputs.key_mask_BxL,
         inputs.positions_BxL, deterministic=inputs.deterministic,
         output_attentions=inputs.output_attentions, query_rows_BxQ=query_rows_BxQ,
-        segment_ids_BxL=inputs.segment_ids_BxL, plan=inputs.attention, local=local)
+        segment_ids_BxL=inputs.segment_ids_BxL, plan=inputs.attention, local=local,
+        head_mask_H=inputs.layer_head_mask(index))
     if query_rows_BxQ is not None:  # from here on only the Q query rows: [B, Q, D]
       x_BxLxD = take_rows(x_BxLxD, query_rows_BxQ)
     x_BxLxD = x_BxLxD + drop(h_BxLxD)
@@ -223,7 +240,7 @@ class Encoder(nn.Module):
 
   Call: `model.apply(variables, inputs, attention_mask=None, token_type_ids=None,
   segment_ids=None, positions=None, deterministic=True, output_hidden_states=False,
-  output_attentions=False)` -> EncoderOutput. `inputs` is int ids [B, L] (text),
+  output_attentions=False, head_mask=None)` -> EncoderOutput. `inputs` is int ids [B, L] (text),
   float images [B, H, W, C] or float series [B, L, F], per `cfg.input_kind`.
   `segment_ids` [B, L] mark packed sequences (0 = padding); tokens attend only
   within their segment. `output_positions` [B, M] (e.g. MLM's masked positions)
@@ -231,6 +248,9 @@ class Encoder(nn.Module):
   with cls pooling (BERT), the last block then computes its queries, feed-forward
   and norms only for those rows and [CLS] (keys and values still see every
   position): same values, about (1 - M/L) of a layer's work saved.
+  `head_mask` [num_layers, num_heads] (1 keeps, 0 zeroes a head's output before the
+  output projection; fractions scale it) serves head-importance studies, with every
+  attention implementation.
   """
   cfg: EncoderConfig
 
@@ -238,9 +258,11 @@ class Encoder(nn.Module):
   def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
                positions=None, *, deterministic: bool = True,
                output_hidden_states: bool = False, output_attentions: bool = False,
-               output_positions=None):
+               output_positions=None, head_mask=None):
     cfg = self.cfg
     len_BxL = check_inputs(cfg, inputs, attention_mask, token_type_ids, segment_ids, positions)
+    if head_mask is not None:
+      head_mask = check_head_mask(cfg, head_mask)
     if cfg.attention_impl == "linear" and segment_ids is not None:
       raise ValueError("attention_impl='linear' does not support segment_ids (packed rows)")
     if attention_mask is None:
@@ -278,7 +300,7 @@ class Encoder(nn.Module):
 
     block_inputs = BlockInputs(mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL,
                                segment_ids, deterministic, output_attentions,
-                               output_hidden_states, plan, local_mask_Bx1xLxL)
+                               output_hidden_states, plan, local_mask_Bx1xLxL, head_mask)
     last_BxLxD, layer_outs = self._stack(x_BxLxD, block_inputs, rows_BxQ)
     if cfg.norm_position == "pre":
       last_BxLxD = norm(cfg, name="final_norm")(last_BxLxD)

@@ -54,11 +54,13 @@ class EncoderForMaskedLM(nn.Module):
 
   def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
                positions=None, masked_positions=None, *, deterministic: bool = True,
-               output_hidden_states: bool = False, output_attentions: bool = False):
+               output_hidden_states: bool = False, output_attentions: bool = False,
+               head_mask=None):
     out: EncoderOutput = self.encoder(
         inputs, attention_mask, token_type_ids, segment_ids, positions,
         deterministic=deterministic, output_hidden_states=output_hidden_states,
-        output_attentions=output_attentions, output_positions=masked_positions)
+        output_attentions=output_attentions, output_positions=masked_positions,
+        head_mask=head_mask)
     table = self.encoder.variables["params"][EMBEDDINGS]["token_embed"]["embedding"]
     embedding_VxD = nn.meta.unbox(table)
     return self.mlm_head(out.last_hidden_state, embedding_VxD), out
