@@ -279,3 +279,18 @@ def test_a_sentence_probe_prints_no_selectivity_and_the_majority_baseline(model,
   for phase in ("loading", f"representation health of {cfg.num_layers + 1} layers",
                 "attention maps and plots"):
     assert any(line.startswith(phase) and line.endswith(" s") for line in out.err.splitlines())
+
+
+def test_the_installed_command_exits_zero_after_a_study(monkeypatch):
+  """`jaxencoder-probe` is a console script: it exits with what its function returns, so the
+  function must return None (main returns the report for Python callers)."""
+  from importlib import metadata
+
+  from jaxencoder.probing import __main__ as probe
+  command, = [e for e in metadata.entry_points(group="console_scripts")
+              if e.name == "jaxencoder-probe"]
+  monkeypatch.setattr(probe, "probe", lambda args: {"report": "of the study"})
+  monkeypatch.setattr("sys.argv", ["jaxencoder-probe", "--pretrained", "hf", "--data", "d.txt",
+                                   "--out", "out"])
+  assert probe.main() == {"report": "of the study"}
+  assert command.load()() is None

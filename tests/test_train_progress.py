@@ -172,6 +172,7 @@ def test_a_run_in_a_log_file_tells_its_phases_and_each_log_every_once(corpus, tm
   assert [line.split(":")[0] for line in err] == [
       "restoring step 6...", "restoring step 6", "compiling the train step...",
       "compiling the train step"]
+  caplog.clear()  # the records of this call only (the resume above logs "resumed from")
   with caplog.at_level(logging.INFO, logger="jaxencoder"):
     loop.evaluate_run(None, tmp_path)
   said = [r.getMessage() for r in caplog.records]

@@ -12,8 +12,9 @@ directory per saved step (all written by orbax, no pickle anywhere):
       metrics/  # JSON: the metrics passed to `save` (only with `best_metric`)
       _CHECKPOINT_METADATA
 
-Retention keeps the latest `max_to_keep` steps plus the best `keep_best` by
-`best_metric`; orbax deletes the rest after each save.
+Retention keeps the latest `max_to_keep` steps, the best `keep_best` by `best_metric`
+and every step that is a multiple of `keep_every` (if > 0); orbax deletes the rest after
+each save.
 """
 
 import contextlib
@@ -43,14 +44,15 @@ class Checkpointer:
 
   Saves happen when `step % save_interval_steps == 0` (or `force=True`).
   Retention: the latest `max_to_keep` (None: all), plus the best `keep_best` by
-  `metrics[best_metric]` ("min" or "max") among steps saved with metrics.
+  `metrics[best_metric]` ("min" or "max") among steps saved with metrics, plus every
+  step that is a multiple of `keep_every` (0: none; for studies across training).
   """
   _pending: int | None = None  # the step an async save is writing
 
   def __init__(self, directory: epath.PathLike, *, save_interval_steps: int,
                max_to_keep: int | None, best_metric: str | None = None,
-               best_mode: str = "min", keep_best: int = 1, async_save: bool = True,
-               read_only: bool = False):
+               best_mode: str = "min", keep_best: int = 1, keep_every: int = 0,
+               async_save: bool = True, read_only: bool = False):
     """`read_only`: restores only, writes nothing (eval-only, predict; a read-only run)."""
     if best_mode not in ("min", "max"):
       raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
@@ -63,7 +65,8 @@ class Checkpointer:
         save_decision_policy=policies.AnySavePolicy([
             policies.FixedIntervalPolicy(save_interval_steps),
             policies.PreemptionCheckpointingPolicy()]),
-        preservation_policy=_retention(max_to_keep, best_metric, best_mode, keep_best),
+        preservation_policy=_retention(max_to_keep, best_metric, best_mode, keep_best,
+                                       keep_every),
         best_fn=_metric_getter(best_metric) if best_metric else None,
         best_mode=best_mode,
         enable_async_checkpointing=async_save)
@@ -274,16 +277,20 @@ def _metric_getter(name: str):
 
 
 def _retention(max_to_keep: int, best_metric: str | None, best_mode: str,
-               keep_best: int) -> policies.PreservationPolicy:
-  """Latest `max_to_keep`, plus the best `keep_best` by `best_metric` if set."""
-  latest = policies.LatestN(n=max_to_keep)
-  if not best_metric:
-    return latest
-  # BestN keeps the last n after sorting; reverse=True puts the minimum last.
-  best = policies.BestN(get_metric_fn=_metric_getter(best_metric),
-                        reverse=best_mode == "min", n=keep_best,
-                        keep_checkpoints_without_metrics=False)
-  return policies.AnyPreservationPolicy([latest, best])
+               keep_best: int, keep_every: int = 0) -> policies.PreservationPolicy:
+  """Latest `max_to_keep`, plus the best `keep_best` by `best_metric` if set, plus the
+  multiples of `keep_every` if > 0 (orbax's EveryNSteps: what its deprecated
+  `keep_period` option sets, which a preservation_policy overrides)."""
+  if keep_every < 0:
+    raise ValueError(f"keep_every must be >= 0 (0: off), got {keep_every}")
+  kept = [policies.LatestN(n=max_to_keep)]
+  if best_metric:  # BestN keeps the last n after sorting; reverse=True puts the minimum last
+    kept.append(policies.BestN(get_metric_fn=_metric_getter(best_metric),
+                               reverse=best_mode == "min", n=keep_best,
+                               keep_checkpoints_without_metrics=False))
+  if keep_every:
+    kept.append(policies.EveryNSteps(interval_steps=keep_every))
+  return kept[0] if len(kept) == 1 else policies.AnyPreservationPolicy(kept)
 
 
 def to_json(value: Any) -> Any:

@@ -108,10 +108,10 @@ class RunDir:
     return self._config(self._step(step))
 
   def _config(self, step: int) -> dict[str, Any]:
-    manager = reader(self.checkpoint_dir)
+    if not (self.checkpoint_dir / str(step) / CONFIG).exists():
+      return {}  # asked of the directory: orbax's step metadata reads every item's, and a
+    manager = reader(self.checkpoint_dir)  # damaged state must not hide a sound config
     try:
-      if CONFIG not in (manager.metadata(step).item_handlers or {}):
-        return {}
       restored = manager.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()}))
     finally:
       manager.close()

@@ -100,6 +100,21 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--l2", type=float, default=1e-4)
   p.add_argument("--max-epochs", type=int, default=40)
   p.add_argument("--sentence", help="sentence for the attention heat maps (default: first)")
+  study = p.add_argument_group("studies beyond one checkpoint's accuracy")
+  study.add_argument("--steps", help="with --checkpoint: probe these kept steps of the run "
+                     "('all', or e.g. 1000,2000), one compiled extractor for all")
+  study.add_argument("--mdl", action="store_true", help="also minimum description length "
+                     "probes (online code, Voita & Titov 2020), per layer")
+  study.add_argument("--heads", action="store_true", help="head importance by masking each "
+                     "head alone, the gradient estimate, and the pruning curve")
+  study.add_argument("--heads-sentences", type=int, default=256,
+                     help="sentences the head study runs on (default 256)")
+  study.add_argument("--similarity", action="store_true", help="CKA between every layer pair "
+                     "of the model and, with --against / --against-checkpoint, another one")
+  study.add_argument("--against", help="--similarity: a second Hugging Face encoder dir")
+  study.add_argument("--against-checkpoint", help="--similarity: a second train.py run dir")
+  study.add_argument("--unbiased", action="store_true",
+                     help="--similarity: the unbiased HSIC estimator (Song et al. 2012)")
   p.add_argument("--collapse", default="{}", help='JSON, e.g. {"max_mean_cosine": 0.95}')
   p.add_argument("--health", default="{}", help='JSON, e.g. {"max_gap": 0.2}')
   return p.parse_args(argv)
@@ -120,6 +135,7 @@ def options_from(args: argparse.Namespace, hf_dir=None):
       max_length=args.max_length or args.max_len or 128,
       stream=args.stream, mlp=args.mlp, control=not args.no_control,
       probe=probes.ProbeConfig(seed=args.seed, l2=args.l2, max_epochs=args.max_epochs),
+      mdl=args.mdl, heads=args.heads, heads_sentences=args.heads_sentences,
       collapse=representation.CollapseThresholds.from_dict(json.loads(args.collapse)),
       health_thresholds=HealthThresholds.from_dict(json.loads(args.health)),
       attention_sentence=args.sentence,
@@ -127,8 +143,19 @@ def options_from(args: argparse.Namespace, hf_dir=None):
 
 
 def main(argv=None) -> dict:
+  """The study's report (what report.json holds); flags as `jaxencoder-probe --help`."""
   args = parse_args(argv)
-  return cli.run_main(lambda: probe(args))
+
+  def run():
+    check_study_flags(args)
+    return probe(args)
+  return cli.run_main(run)
+
+
+def script(argv=None) -> None:
+  """The `jaxencoder-probe` command: exit status 0 (a console script exits with what its
+  function returns, and the report is not an exit status)."""
+  main(argv)
 
 
 def probe(args: argparse.Namespace) -> dict:
@@ -136,6 +163,10 @@ def probe(args: argparse.Namespace) -> dict:
   a gs:// URL: inputs are read through local copies, outputs uploaded at the end."""
   from jaxencoder.io import paths
   from jaxencoder.probing import study
+  if args.steps:  # a step that was not kept fails now, not after the main study
+    from jaxencoder.io.run_dir import RunDir
+    from jaxencoder.probing import dynamics
+    dynamics.chosen_steps(RunDir.open(args.checkpoint), args.steps)
   with contextlib.ExitStack() as stack:
     local = lambda p: p and str(stack.enter_context(paths.local_copy(p)))
     resize = {"max_len": args.max_len, "image_size": args.image_size}
@@ -150,14 +181,56 @@ def probe(args: argparse.Namespace) -> dict:
     dataset = read_data(args, local(args.data), cfg)
     out = paths.as_path(args.out)
     out_local = stack.enter_context(tempfile.TemporaryDirectory()) if paths.is_url(out) else out
-    rep = study.run(cfg, params, tokenizer, dataset, out_local, options_from(args, hf_dir),
-                    workdir=args.checkpoint, source=args.checkpoint or args.pretrained)
+    options = options_from(args, hf_dir)
+    source = args.checkpoint or args.pretrained
+    if args.similarity:
+      rep = _similarity(args, local, resize, cfg, params, tokenizer, dataset, out_local,
+                        options, source)
+    else:
+      rep = study.run(cfg, params, tokenizer, dataset, out_local, options,
+                      workdir=args.checkpoint, source=source)
+      if args.steps:
+        rep = dynamics.run_steps(args.checkpoint, args.steps, cfg, tokenizer, dataset,
+                                 out_local, options, rep)
     if paths.is_url(out):
       paths.copy_tree(out_local, out)
-  print(headline(rep))
-  print(summary(rep))
+  if args.similarity:
+    from jaxencoder.probing import compare
+    print(compare.summary(rep))
+  else:
+    print(headline(rep))
+    print(summary(rep))
   print(f"wrote {out / 'report.json'} and {len(rep['plots'])} plots")
   return rep
+
+
+def check_study_flags(args: argparse.Namespace) -> None:
+  """Flags that only make sense together, named in one line."""
+  if args.steps and not args.checkpoint:
+    raise ValueError("--steps probes the kept steps of a train.py run: pass --checkpoint RUN")
+  if (args.against or args.against_checkpoint) and not args.similarity:
+    raise ValueError("--against / --against-checkpoint compare two models: add --similarity")
+  if args.against and args.against_checkpoint:
+    raise ValueError("--similarity compares against one model: pass --against or "
+                     "--against-checkpoint, not both")
+  if args.similarity and args.steps:
+    raise ValueError("--similarity and --steps are separate studies: run them one at a time")
+
+
+def _similarity(args, local, resize, cfg, params, tokenizer, dataset, out_dir, options,
+                source) -> dict:
+  """CKA of the model's layers with each other and, given a second model, with its."""
+  from jaxencoder.probing import compare
+  other = None
+  if args.against or args.against_checkpoint:
+    with progress.phase(f"loading {args.against or args.against_checkpoint}"):
+      if args.against_checkpoint:
+        other = load_checkpoint(args.against_checkpoint, local(args.tokenizer), **resize)
+      else:
+        other = load_pretrained(local(args.against), local(args.tokenizer), **resize)
+  return compare.run((cfg, params, tokenizer), other, dataset, out_dir, options,
+                     unbiased=args.unbiased,
+                     sources=(source, args.against or args.against_checkpoint))
 
 
 def read_data(args: argparse.Namespace, data, cfg):
@@ -188,19 +261,35 @@ def headline(rep: dict) -> str:
 def summary(rep: dict) -> str:
   """A plain-text table: per layer, probe accuracy / selectivity ("-": no control task, as
   for sentence labels), the majority baseline beside them, and health."""
-  names = [f"{k}_{col}" for k in rep["probes"] for col in ("acc", "sel")]
+  accuracy_probes = {k: v for k, v in rep["probes"].items() if k != "mdl"}
+  mdl = rep["probes"].get("mdl")
+  names = [f"{k}_{col}" for k in accuracy_probes for col in ("acc", "sel")]
+  names += ["mdl_comp", "ctrl_comp"] if mdl else []
   row_of = lambda cells: "  ".join(f"{c:>{len(name)}}" for c, name in zip(cells, names))
   lines = ["layer  " + row_of(names) + "  majority  mean_cos  erank_c  collapsed"]
   majority = rep["majority_baseline"]["accuracy"]
   for n, health_n in enumerate(rep["representation"]):
     cells = []
-    for result in rep["probes"].values():
+    for result in accuracy_probes.values():
       row = result["layers"][n]
       cells += [f"{row['accuracy']:.3f}", _signed(row.get("selectivity"))]
+    if mdl:
+      row = mdl["layers"][n]
+      cells += [f"{row['compression']:.2f}",
+                f"{row['control_compression']:.2f}" if "control_compression" in row else "-"]
     lines.append(f"{n:5d}  " + row_of(cells) + f"  {majority:8.3f}  {health_n['anisotropy']:8.3f}"
                  f"  {health_n['effective_rank_centered']:7.1f}  {health_n['collapsed']}")
   lines.append(f"majority: always {rep['majority_baseline']['label']!r}, the most frequent "
                "training label, scored on the test split")
+  if mdl:
+    lines.append("mdl_comp: uniform / online code length of the labels (1 = no information); "
+                 "ctrl_comp: the same for the control task")
+  if rep.get("heads"):
+    study = rep["heads"]
+    top = ", ".join(f"layer {h['layer'] + 1} head {h['head']} (+{h['importance']:.3f})"
+                    for h in study["most_important"][:3])
+    lines.append(f"heads ({study['sentences']} sentences, probe loss {study['base_loss']:.3f}, "
+                 f"accuracy {study['base_accuracy']:.3f}): most important {top}")
   if rep.get("attention"):
     lines.append("attention entropy (nats), layer x head:")
     lines += [f"{n + 1:5d}  " + " ".join(f"{v:.2f}" for v in row)

@@ -186,13 +186,15 @@ def measure(tokenizer, dataset: Dataset, max_length: int, chunk: int = 512):
 def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: str | None = None,
             batch_size: int = 32, max_length: int = 128, out_dir=None, attention: bool = True,
             sparsity_threshold: float = 0.1, buckets: Sequence[int] | None = None,
-            progress: bool = True) -> Features:
+            progress: bool = True, extractor: Extractor | None = None) -> Features:
   """Pooled features of every layer for `dataset` (+ attention means per layer and head).
 
   pool: "first" (default) or "mean" sub-word at word level; "cls" (default) or "mean"
   at sentence level. Words cut by truncation to `max_length` are dropped (counted in
   `info["dropped_items"]`). With `out_dir`, layer n goes to `out_dir/layer_NN.npy`.
-  `progress`: a bar (or plain lines) over the batches, on stderr.
+  `progress`: a bar (or plain lines) over the batches, on stderr. `extractor`: one built
+  for `cfg` to reuse its compiled forward (e.g. for many checkpoints of a run): it is set
+  to run `params` (its own attention settings apply); `info["compiles"]` counts its traces.
   """
   pool = pool or ("first" if dataset.level == "word" else "cls")
   allowed = WORD_POOLS if dataset.level == "word" else SENTENCE_POOLS
@@ -208,7 +210,7 @@ def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: st
   buckets = tuple(buckets or length_buckets(max_length))
   lengths_S, kept_S = measure(tokenizer, dataset, max_length)
   layers = store.allocate(cfg.num_layers + 1, int(kept_S.sum()), cfg.emb_dim, out_dir)
-  extractor = Extractor(cfg, params, attention=attention, sparsity_threshold=sparsity_threshold)
+  extractor = _ready(extractor, cfg, params, attention, sparsity_threshold)
   totals = _run_batches(extractor, tokenizer, dataset, layers, pool, lengths_S, kept_S,
                         batch_size=batch_size, max_length=max_length, buckets=buckets,
                         progress=progress)
@@ -222,6 +224,17 @@ def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: st
   if out_dir is not None:
     store.save(feats, out_dir)
   return feats
+
+
+def _ready(extractor: Extractor | None, cfg: EncoderConfig, params, attention: bool,
+           sparsity_threshold: float) -> Extractor:
+  """A new Extractor, or `extractor` (built for `cfg`) set to run `params`."""
+  if extractor is None:
+    return Extractor(cfg, params, attention=attention, sparsity_threshold=sparsity_threshold)
+  if extractor.cfg != cfg:
+    raise ValueError("extract: the extractor was built for another model config")
+  extractor.params = params
+  return extractor
 
 
 def _run_batches(extractor: Extractor, tokenizer, dataset: Dataset, layers, pool: str,

@@ -72,8 +72,9 @@ def plot_probe_accuracy(probe: Mapping, path, title: str = "probe accuracy by la
   return _save(fig, path)
 
 
-def plot_head_heatmap(values_NxH: np.ndarray, path, title: str = "attention entropy (nats)"):
-  """A layer x head heat map with the value written in each cell."""
+def plot_head_heatmap(values_NxH: np.ndarray, path, title: str = "attention entropy (nats)",
+                      fmt: str = ".2f"):
+  """A layer x head heat map with the value written in each cell (format `fmt`)."""
   plt = _pyplot()
   values_NxH = np.asarray(values_NxH)
   n, h = values_NxH.shape
@@ -81,7 +82,7 @@ def plot_head_heatmap(values_NxH: np.ndarray, path, title: str = "attention entr
   image = ax.imshow(values_NxH, cmap="viridis", aspect="auto")
   for i in range(n):
     for j in range(h):
-      ax.text(j, i, f"{values_NxH[i, j]:.2f}", ha="center", va="center", fontsize=6,
+      ax.text(j, i, format(values_NxH[i, j], fmt), ha="center", va="center", fontsize=6,
               color="w")
   ax.set(xlabel="head", ylabel="layer", title=title, xticks=range(h),
          yticks=range(n), yticklabels=[str(i + 1) for i in range(n)])
@@ -132,4 +133,30 @@ def plot_attention_map(tokens: Sequence[str], probs_TxT: np.ndarray, path, title
   ax.set_xticks(range(t), tokens, rotation=90, fontsize=7)
   ax.set_yticks(range(t), tokens, fontsize=7)
   ax.set(xlabel="key", ylabel="query", title=title)
+  return _save(fig, path)
+
+
+def plot_mdl(mdl: Mapping, path):
+  """Compression (uniform / online code length) per layer, task and control."""
+  plt = _pyplot()
+  layers = list(range(len(mdl["layers"])))
+  fig, ax = plt.subplots(figsize=(6, 4))
+  ax.plot(layers, [r["compression"] for r in mdl["layers"]], "o-", label="task")
+  if "control_compression" in mdl["layers"][0]:
+    ax.plot(layers, [r["control_compression"] for r in mdl["layers"]], "s--", label="control")
+  ax.axhline(1.0, color="gray", ls=":", label="uniform code")
+  ax.set(xlabel="layer (0 = embeddings)", ylabel="compression (uniform / online bits)",
+         title="MDL probe (online code)", xticks=layers)
+  _legend_outside(ax)
+  return _save(fig, path)
+
+
+def plot_pruning(curve: Sequence[Mapping], path):
+  """The probe's loss as heads are dropped from least to most important."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  ax.plot([p["pruned"] for p in curve], [p["loss"] for p in curve], "o-")
+  ax.set(xlabel="heads dropped (least important first)", ylabel="probe loss (nats)",
+         title="pruning curve")
+  ax.xaxis.get_major_locator().set_params(integer=True)
   return _save(fig, path)

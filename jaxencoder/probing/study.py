@@ -19,7 +19,7 @@ from jaxencoder import progress as progress_lib
 from jaxencoder.config import EncoderConfig
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features as features_lib
-from jaxencoder.probing import health, images, probes, report, representation
+from jaxencoder.probing import head_study, health, images, mdl, probes, report, representation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,9 @@ class StudyOptions:
   attention_sentence: str | list[str] | None = None  # default: the first sentence
   image_norm: images.Normalisation | None = None  # None: as train.py (image_pipeline's)
   progress: bool = True  # each long phase on stderr (progress.bar / phase)
+  mdl: bool = False  # also MDL probes (online code) per layer
+  heads: bool = False  # head importance (mask each head; gradient estimate; pruning)
+  heads_sentences: int = 128  # test-split sentences the head study runs on
 
 
 def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, out_dir,
@@ -59,6 +62,15 @@ def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, ou
          "labels": feats.label_names, "extract_seconds": time.time() - started}
   rep["probes"] = _probes(feats, options)
   rep["majority_baseline"] = _majority(rep["probes"], feats.label_names)
+  if options.mdl:
+    rep["probes"]["mdl"] = _mdl(feats, options)
+  if options.heads:
+    if is_image:
+      raise ValueError("--heads needs text data (word tags or sentence labels)")
+    rep["heads"] = head_study.run(cfg, params, tokenizer, dataset, feats, options.probe,
+                                  sentences=options.heads_sentences,
+                                  batch_size=options.batch_size,
+                                  max_length=options.max_length, progress=options.progress)
   with progress_lib.phase(f"representation health of {len(feats.layers)} layers",
                           enabled=options.progress):
     rep["representation"] = representation.all_layers(feats.layers, options.collapse,
@@ -115,6 +127,26 @@ def _probes(feats: features_lib.Features, options: StudyOptions) -> dict:
           for cfg in kinds}
 
 
+def _mdl(feats: features_lib.Features, options: StudyOptions) -> dict:
+  """{"layers": per layer mdl.mdl_layer (with the control task's code where the study
+  has one), "fractions"}: the same splits as the accuracy probes."""
+  num_classes = len(feats.label_names)
+  splits = probes.split_items(feats.sentence_ids_M, seed=options.probe.seed)
+  control_M = None
+  if options.control and feats.types is not None:
+    control_M = probes.control_labels(feats.types, feats.labels_M, num_classes,
+                                      seed=options.probe.seed)
+  layers = []
+  with progress_lib.bar(len(feats.layers), "MDL probes (online code)", unit="layer",
+                        every=1, enabled=options.progress) as bar:
+    for x_MxD in feats.layers:
+      layers.append(mdl.mdl_layer(x_MxD, feats.labels_M, feats.sentence_ids_M, splits,
+                                  num_classes, options.probe, control_M=control_M))
+      bar.update(1)
+  return {"layers": layers, "fractions": list(mdl.FRACTIONS),
+          "control_task": control_M is not None}
+
+
 def _majority(probe_results: dict, label_names: list[str]) -> dict:
   """The majority baseline: test accuracy of always answering the most frequent training
   label (every probe kind shares the splits)."""
@@ -126,8 +158,17 @@ def _majority(probe_results: dict, label_names: list[str]) -> dict:
 def _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options) -> list[str]:
   paths = []
   for kind, result in rep["probes"].items():
+    if kind == "mdl":
+      paths.append(report.plot_mdl(result, out_dir / "probe_mdl.png"))
+      continue
     paths.append(report.plot_probe_accuracy(result, out_dir / f"probe_{kind}.png",
                                             f"{kind} probe accuracy by layer"))
+  if "heads" in rep:
+    paths.append(report.plot_head_heatmap(np.array(rep["heads"]["importance"]),
+                                          out_dir / "head_importance.png",
+                                          "loss increase when the head alone is dropped",
+                                          fmt=".3f"))
+    paths.append(report.plot_pruning(rep["heads"]["pruning"], out_dir / "head_pruning.png"))
   paths.append(report.plot_cosine_by_layer(rep["representation"], out_dir / "cosine.png"))
   if feats.attention is not None:
     paths.append(report.plot_head_heatmap(feats.attention["entropy"],

@@ -94,6 +94,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every = 500
   c.checkpoint_every = 500
   c.keep_checkpoints = 3
+  c.keep_every_steps = 0  # >0: also keep every saved step that is a multiple of this (a
+  #                         multiple of checkpoint_every), e.g. for jaxencoder-probe --steps
   c.best_metric = "loss"  # an eval metric; lower is better for loss and the losses its
   #                         task names (Family.minimized), higher for the rest
   c.seed = 0
@@ -122,6 +124,7 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   (train/init_from.finalized)."""
   _check_positive(config, ("num_train_steps", "batch_size", "eval_batch_size", "log_every",
                            "eval_every", "checkpoint_every"))
+  _check_keep_every(config)
   if config.rng_impl not in RNG_IMPLS:
     raise ValueError(f"rng_impl must be one of {', '.join(map(repr, RNG_IMPLS))}, "
                      f"got {config.rng_impl!r}")
@@ -133,6 +136,14 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _clip_warmup(config.optim)
   config.lock()
   return config
+
+
+def _check_keep_every(config) -> None:
+  """keep_every_steps keeps saved steps: 0 (off) or a multiple of checkpoint_every."""
+  every, saves = config.keep_every_steps, config.checkpoint_every
+  if every < 0 or every % saves:
+    raise ValueError(f"keep_every_steps={every} must be 0 (off) or a multiple of "
+                     f"checkpoint_every={saves}: it keeps saved steps")
 
 
 def rows_per_step(config) -> int:

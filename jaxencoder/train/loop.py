@@ -104,7 +104,8 @@ def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False
                                 num_layers=config.model.num_layers)
   checkpointer = run_dir.checkpointer(
       save_interval_steps=config.checkpoint_every,
-      max_to_keep=config.keep_checkpoints, best_metric=f"eval_{config.best_metric}",
+      max_to_keep=config.keep_checkpoints, keep_every=config.keep_every_steps,
+      best_metric=f"eval_{config.best_metric}",
       best_mode=task.metric_mode(config.best_metric), read_only=read_only)
   run = Run(config, run_dir, task, pipelines, mesh, rules, tx, schedule,
             steps.state_shardings(task, tx, example, mesh, rules, boxed=boxed), checkpointer,

@@ -21,6 +21,7 @@ log = logging.getLogger("jaxencoder")
 # `allow_config_change` is set.
 RESUMABLE_CHANGES = (
     "num_train_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
+    "keep_every_steps",
     "best_metric", "eval_batch_size", "progress_bar", "mesh_shape", "cpu_devices",
     "logical_axis_rules",
     "parallelism", "init_from", "model_overrides", "allow_config_change", "data.num_threads",
