@@ -256,4 +256,6 @@ def test_eval_only_and_predict_read_a_read_only_run_past_its_damaged_newest_step
   np.testing.assert_allclose(vectors, expected_vectors, rtol=1e-6)
   skipped = [r.getMessage() for r in caplog.records if "cannot be restored" in r.getMessage()]
   assert len(skipped) == 2 and all(m.startswith("checkpoint step 4 in") for m in skipped)
+  assert "predicting with step 2, the newest that restores" in [
+      r.getMessage() for r in caplog.records]
   assert tree_snapshot(workdir) == before  # no rename of step 4, no metrics, no TensorBoard

@@ -167,3 +167,22 @@ def test_an_image_run_probes_via_checkpoint(tmp_path):
   assert rep["data"]["images"] == 32 and rep["input"]["kind"] == "image"
   assert rep["input"]["normalisation"]["source"].startswith("jaxencoder.data.pipeline")
   assert "training_health" in rep
+
+
+def test_a_npz_reads_pixels_and_labels_by_the_rules_prepare_uses(tmp_path):
+  """Float [0, 1] pixels are scaled (as prepare does), uint16 8-bit-looking pixels and a
+  fractional label are refused naming the file; nothing is wrapped or truncated."""
+  from jaxencoder.data.readers import DataError
+  bytes_NxHxWxC = np.load(colour_images(tmp_path / "u8.npz"))["images"]
+  labels = np.arange(len(bytes_NxHxWxC)) % 3
+  np.savez(tmp_path / "unit.npz", images=bytes_NxHxWxC / 255.0, labels=labels.astype(float))
+  unit = images.read_dataset(tmp_path / "unit.npz")
+  np.testing.assert_array_equal(unit.images, bytes_NxHxWxC)
+  assert unit.labels[:3] == ["0", "1", "2"]
+  np.savez(tmp_path / "u16.npz", images=bytes_NxHxWxC.astype(np.uint16), labels=labels)
+  with pytest.raises(DataError, match=r"u16.npz: images: uint16 images with values"):
+    images.read_dataset(tmp_path / "u16.npz")
+  np.savez(tmp_path / "frac.npz", images=bytes_NxHxWxC, labels=labels + 0.7)
+  with pytest.raises(DataError, match=r"frac.npz: labels: label 0.7 at index 0 is not an "
+                                      "integer"):
+    images.read_dataset(tmp_path / "frac.npz")

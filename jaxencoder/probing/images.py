@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxencoder import progress as progress_lib
 from jaxencoder.config import EncoderConfig
-from jaxencoder.data import pipeline, sources
+from jaxencoder.data import pipeline, readers, sources
 from jaxencoder.data.pipeline import Reading
 from jaxencoder.encoder import Encoder
 from jaxencoder.probing import attention_stats, store
@@ -83,14 +83,16 @@ def hf_normalisation(hf_dir) -> Normalisation:
 
 def read_dataset(path, *, split: str = "train", max_images: int | None = None) -> ImageDataset:
   """A prepared image_arrays dataset directory (`python -m jaxencoder.data`; its `split`)
-  or a `.npz` of `images` [N, H, W(, C)] and `labels` [N] (+ optional `label_names`)."""
+  or a `.npz` of `images` [N, H, W(, C)] and `labels` [N] (+ optional `label_names`),
+  pixels and labels read by the rules `prepare` uses (readers.PIXEL_RULE, integer labels)."""
   path = pathlib.Path(path)
   if path.suffix.lower() == ".npz":
     with np.load(path, allow_pickle=False) as npz:
       if "images" not in npz or "labels" not in npz:
         raise ValueError(f"{path}: an image .npz needs arrays 'images' and 'labels', "
                          f"has {sorted(npz.files)}")
-      images, ids = npz["images"][:max_images], npz["labels"][:max_images]
+      images = readers.pixel_bytes(npz["images"][:max_images], f"{path}: images")
+      ids = readers.integer_labels(npz["labels"][:max_images], f"{path}: labels")
       names = [str(n) for n in npz["label_names"]] if "label_names" in npz else None
   else:
     src = sources.open_source(str(path), split)
@@ -98,9 +100,6 @@ def read_dataset(path, *, split: str = "train", max_images: int | None = None) -
     images = np.stack([np.asarray(r["image"]) for r in rows])
     ids = np.array([int(r["label"]) for r in rows])
     names = sources.label_names(str(path))
-  if np.issubdtype(images.dtype, np.floating) and images.size and images.max() <= 1.0:
-    raise ValueError(f"{path}: float images in [0, 1]; give them on the 0..255 scale "
-                     "(or as uint8): they are normalised as x / 255")
   labels = [names[int(i)] if names else str(int(i)) for i in ids]
   return ImageDataset(images, labels, str(path))
 

@@ -100,7 +100,7 @@ def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
   failures = []
   for candidate in [step] if step is not None else run.steps()[::-1]:
     try:
-      return _restore_step(run, run_path, candidate)
+      restored = _restore_step(run, run_path, candidate)
     except UnsupportedRun:
       raise
     except Exception as e:  # orbax / tensorstore raise many types for damaged files
@@ -108,6 +108,10 @@ def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
       if step is None:
         log.warning("checkpoint step %d in %s cannot be restored (%s); trying an older step",
                     candidate, run.checkpoint_dir, _first_line(e))
+      continue
+    if failures:
+      log.warning("predicting with step %d, the newest that restores", candidate)
+    return restored
   fix = (f"pass another --step (saved: {saved}), or none for the newest that restores"
          if step is not None else "restore the checkpoints from a copy, or retrain")
   raise ValueError(f"no restorable checkpoint in {run.checkpoint_dir}: "
@@ -230,6 +234,7 @@ def main(argv=None) -> None:
   parser.add_argument("--batch-size", type=_positive, default=BATCH,
                       help=f"lines per forward pass (default: {BATCH})")
   args = parser.parse_args(argv)
+  logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
   cli.run_main(lambda: _main(args))
 
 
