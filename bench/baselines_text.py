@@ -7,7 +7,9 @@ majority tag), scored on the held-out sentences' words. fine_foods: the majority
 and TF-IDF (lower-cased word unigrams + bigrams seen in >= 2 train reviews, the 20k most
 frequent; sublinear tf, idf, rows L2-normalised) + logistic regression (L-BFGS; L2
 picked on the last 10% of train from a small grid, then refitted on all of train).
-`--simcse [RUN ...]`: configs/contrastive.py's measure instead (`pair_retrieval`).
+`--simcse [RUN ...]`: configs/contrastive.py's measure instead (`pair_retrieval`); with
+`--dims 384,256,128,64`, at each of those prefix sizes (Matryoshka: each prefix of the
+embedding re-normalised), one line per size.
 Sources are fetched on first use (jaxencoder.data.fetch). One JSON line each.
 """
 
@@ -93,11 +95,12 @@ def fine_foods(data_dir) -> list[dict]:
            "test_accuracy": round(acc, 4), "seconds": round(time.perf_counter() - start, 1)}]
 
 
-def pair_retrieval(data_dir, runs) -> list[dict]:
+def pair_retrieval(data_dir, runs, dims=()) -> list[dict]:
   """Held-out retrieval with TF-IDF, MiniLM and each run's encoder, by cosine (recall@1,
   recall@5, MRR): each test line of `shakespeare_pairs` ranks the split's next lines and
   hard negatives (2 x N candidates); each test speech of `shakespeare_speeches` ranks
-  the split's second halves by its first half (cut as data/span_views.py cuts)."""
+  the split's second halves by its first half (cut as data/span_views.py cuts).
+  `dims`: the encoders' at each prefix size instead of the full vectors'."""
   from jaxencoder.pretrained.__main__ import convert
   from jaxencoder.pretrained.sentences import embed
   from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
@@ -121,9 +124,18 @@ def pair_retrieval(data_dir, runs) -> list[dict]:
     for name, model_dir in models.items():
       for task, (queries, cands) in tasks.items():
         emb = lambda texts: embed(texts, model_dir, max_length=32, progress=False)
-        out.append({"data": task, "queries": len(queries), "candidates": len(cands),
-                    "model": name, **_ranks(emb(queries), emb(cands))})
+        q_NxD, c_MxD = emb(queries), emb(cands)
+        for size in [d for d in dims if d <= q_NxD.shape[1]] or [q_NxD.shape[1]]:
+          out.append({"data": task, "queries": len(queries), "candidates": len(cands),
+                      "model": name, **({"dims": size} if dims else {}),
+                      **_ranks(_prefix(q_NxD, size), _prefix(c_MxD, size))})
   return out
+
+
+def _prefix(x_NxD, size: int):
+  """Each row's first `size` values, L2-normalised (so that dot products are cosines)."""
+  x_NxS = x_NxD[:, :size]
+  return x_NxS / np.maximum(np.linalg.norm(x_NxS, axis=1, keepdims=True), 1e-12)
 
 
 def speech_halves(texts, tokenizer, seq_len: int = 32) -> tuple[list[str], list[str]]:
@@ -180,9 +192,12 @@ def main() -> None:
   parser.add_argument("--simcse", nargs="*", metavar="RUN",
                       help="instead: next-line retrieval on shakespeare_pairs' test split with "
                            "MiniLM, TF-IDF and each RUN's encoder (configs/contrastive.py)")
+  parser.add_argument("--dims", type=lambda text: tuple(int(d) for d in text.split(",")),
+                      default=(), metavar="D1,D2,...",
+                      help="with --simcse: the encoders' retrieval at each prefix size")
   args = parser.parse_args()
   if args.simcse is not None:
-    for record in pair_retrieval(args.data_dir, args.simcse):
+    for record in pair_retrieval(args.data_dir, args.simcse, args.dims):
       print(json.dumps(record), flush=True)
     return
   for task in (wsj_pos, fine_foods):

@@ -28,6 +28,21 @@ With views=dropout (SimCSE proper; --workdir runs/simcse_dropout), same speeches
 steps: halves 0.058 / 0.113 / 0.094, next line 0.025 / 0.055 / 0.044, i.e. no change
 from MiniLM: its two dropout views of a text are matched from step 10 on (loss 5e-4, then
 2e-5), so there is nothing to learn.
+Matryoshka (README "Matryoshka embeddings"): the loss on the pooled vectors themselves (no
+head, so training shapes what retrieval uses), summed over their first 384/256/128/64 dims,
+each re-normalised:
+  python train.py --config configs/contrastive.py --workdir runs/mrl \\
+    --config.projection_dim=0 --config.matryoshka_dims=384,256,128,64
+  python bench/baselines_text.py --simcse runs/mrl --dims 384,256,128,64
+against the same without it (`--config.matryoshka_weights=1,0,0,0`: trained on all 384,
+every size reported). Measured 2026-12-04, 2 shared CPU cores, 100 steps each (10.6 / 10.9
+min wall, 5.5 s a step under load), bench 2 min; held-out second halves R@1 / MRR at
+384 / 256 / 128 / 64 dims:
+  MiniLM      0.060 / 0.095   0.054 / 0.091   0.049 / 0.079   0.035 / 0.061
+  no MRL      0.086 / 0.135   0.082 / 0.130   0.055 / 0.098   0.035 / 0.074
+  Matryoshka  0.086 / 0.138   0.076 / 0.130   0.055 / 0.107   0.044 / 0.085
+train.py's eval (among 64) MRR: no MRL 0.392 / 0.380 / 0.327 / 0.283, Matryoshka 0.390 /
+0.386 / 0.357 / 0.321. One seed; the 64-dim gain is small (see docs/results.md).
 """
 
 from jaxencoder.train.config import base_config

@@ -171,13 +171,15 @@ class EncoderClassifier(nn.Module):
 
 class EncoderContrastive(nn.Module):
   """Encoder + projection to unit vectors: [B, P], or [B, K, P] for groups of K texts
-  [B, K, L] (supervised pairs: text, positive[, hard negative])."""
+  [B, K, L] (supervised pairs: text, positive[, hard negative]). projection_dim 0: no
+  head, the pooled vectors themselves normalised (P = D: what retrieval uses)."""
   cfg: EncoderConfig
   projection_dim: int = 128
 
   def setup(self):
     self.encoder = Encoder(self.cfg)
-    self.head = ContrastiveHead(self.cfg, self.projection_dim)
+    self.head = (ContrastiveHead(self.cfg, self.projection_dim) if self.projection_dim
+                 else l2_normalize)
 
   def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
                positions=None, *, deterministic: bool = True):

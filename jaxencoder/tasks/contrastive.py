@@ -2,6 +2,8 @@
 dropout views of a text are positives), or supervised on groups [B, K, L] (text,
 positive[, hard negative]) against the batch's positives and negatives, with recall@k and
 MRR. `data.views="halves"`: a text's first half's positive is its second half.
+`matryoshka_dims`: the loss summed over nested prefixes of the vectors (tasks/matryoshka.py),
+with metrics at each size (`mrr@128`).
 
 text_records columns: text, [text_b, [negative]]; arrays: text arrays [K, L] (K = 2, or 3
 with a hard negative), or [L] for a text alone (SimCSE).
@@ -19,6 +21,7 @@ import numpy as np
 from jaxencoder.data import records
 from jaxencoder.data.readers import as_text
 from jaxencoder.heads import EncoderContrastive, info_nce_loss, is_grouped
+from jaxencoder.tasks import matryoshka
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
                                    masked_cross_entropy, mean_loss, pooled_vectors,
                                    record_shapes, text_shapes)
@@ -46,14 +49,24 @@ def retrieval_sums(query_BxP, cands_NxP, weights_B, cand_weights_N, temperature:
   return sums
 
 
-def supervised_sums(model, params, batch, input_key, rng, train, temperature) -> Sums:
+def supervised_sums(model, params, batch, input_key, rng, train, temperature,
+                    prefixes=matryoshka.Prefixes()) -> Sums:
   """Text k=0 of each group against every positive (k=1) and hard negative (k=2) of the
-  batch: InfoNCE and retrieval sums."""
+  batch: InfoNCE and retrieval sums (and each prefix's)."""
   z_BxKxP = apply_model(model, params, batch, input_key, rng, train)
   batch_size, k, dim = z_BxKxP.shape
   w_B = batch["example_weights"]
   cands_NxP = jnp.swapaxes(z_BxKxP[:, 1:], 0, 1).reshape(-1, dim)  # positives, then negatives
-  return retrieval_sums(z_BxKxP[:, 0], cands_NxP, w_B, jnp.tile(w_B, k - 1), temperature)
+  sums_fn = lambda q, c: retrieval_sums(q, c, w_B, jnp.tile(w_B, k - 1), temperature)
+  return matryoshka.nested_sums(sums_fn, prefixes, z_BxKxP[:, 0], cands_NxP)
+
+
+def simcse_sums(a_BxP, b_BxP, temperature: float) -> Sums:
+  """Two views of a batch, row i the positive of row i: symmetric InfoNCE and top-1 hits."""
+  n = jnp.float32(a_BxP.shape[0])
+  hits_B = jnp.argmax(a_BxP @ b_BxP.T, -1) == jnp.arange(a_BxP.shape[0])
+  return {"loss_sum": info_nce_loss(a_BxP, b_BxP, temperature) * n, "loss_weight": n,
+          "correct": jnp.sum(hits_B)}
 
 
 def contrastive_features(tokenizer, seq_len: int):
@@ -69,9 +82,22 @@ def contrastive_features(tokenizer, seq_len: int):
   return fn
 
 
+def retrieval_summary(sums) -> dict[str, float]:
+  """loss, accuracy; with ranks, MRR and recall@k."""
+  out = loss_summary(sums)
+  if "rr_sum" in sums:
+    weight = max(float(sums["loss_weight"]), 1e-9)
+    out["mrr"] = float(sums["rr_sum"]) / weight
+    out.update({k.replace("hits_at", "recall_at"): float(v) / weight
+                for k, v in sums.items() if k.startswith("hits_at_")})
+  return out
+
+
 class Contrastive(Family):
   names = ("contrastive",)
-  options = {"projection_dim": 128, "temperature": 0.05}
+  # projection_dim 0: no head, the pooled vectors are the embedding (as retrieval uses them)
+  options = {"projection_dim": 128, "temperature": 0.05,
+             "matryoshka_dims": (), "matryoshka_weights": ()}  # e.g. (384, 256, 128, 64)
   record_columns = {"contrastive": ("text",)}
   predicts = {"contrastive": "vectors"}
 
@@ -82,36 +108,41 @@ class Contrastive(Family):
       raise ValueError(f"data.views={data.views!r} with data.kind={data.kind!r}: views "
                        "are 'dropout' (SimCSE: a text twice) or, for text_corpus / text_records "
                        "texts, 'halves' (a text's first and second half)")
+    if config.projection_dim < 0:
+      raise ValueError(f"projection_dim={config.projection_dim}: 0 (no head) or more")
+    dims = config.projection_dim or config.model.emb_dim
+    matryoshka.Prefixes.from_config(config).check(dims)
 
   def task_options(self, name, config) -> dict[str, Any]:
-    return {"projection_dim": config["projection_dim"], "temperature": config["temperature"]}
+    return {"projection_dim": config["projection_dim"], "temperature": config["temperature"],
+            "prefixes": matryoshka.Prefixes.from_config(config)}
 
   def build(self, name, cfg, *, num_classes=2, projection_dim: int = 128,
-            temperature: float = 0.05) -> Task:
+            temperature: float = 0.05, prefixes=matryoshka.Prefixes()) -> Task:
+    prefixes.check(projection_dim or cfg.emb_dim)
     model, input_key = EncoderContrastive(cfg, projection_dim), INPUT_KEYS[cfg.input_kind]
     def loss_fn(params, batch, rng, train):
       if is_grouped(cfg, batch[input_key]):
-        sums = supervised_sums(model, params, batch, input_key, rng, train, temperature)
+        sums = supervised_sums(model, params, batch, input_key, rng, train, temperature,
+                               prefixes)
         return mean_loss(sums), sums
       # SimCSE: two dropout views of the same batch are positives.
       rng_a, rng_b = jax.random.split(rng)
       z_a = apply_model(model, params, batch, input_key, rng_a, train)
       z_b = apply_model(model, params, batch, input_key, rng_b, train)
-      loss = info_nce_loss(z_a, z_b, temperature)
-      hits = jnp.argmax(z_a @ z_b.T, -1) == jnp.arange(z_a.shape[0])
-      n = jnp.float32(z_a.shape[0])
-      return loss, {"loss_sum": loss * n, "loss_weight": n, "correct": jnp.sum(hits)}
+      sums_fn = lambda a, b: simcse_sums(a, b, temperature)
+      sums = matryoshka.nested_sums(sums_fn, prefixes, z_a, z_b)
+      return mean_loss(sums), sums
     return Task(name, model, input_key, loss_fn, self)
 
   def summarize(self, name, sums) -> dict[str, float]:
-    """loss, accuracy (the positive ranked first); with groups, MRR and recall@k."""
-    out = loss_summary(sums)
-    if "rr_sum" in sums:
-      weight = max(float(sums["loss_weight"]), 1e-9)
-      out["mrr"] = float(sums["rr_sum"]) / weight
-      out.update({k.replace("hits_at", "recall_at"): float(v) / weight
-                  for k, v in sums.items() if k.startswith("hits_at_")})
-    return out
+    """loss, accuracy (the positive ranked first); with groups, MRR and recall@k; each
+    Matryoshka prefix's too, named `metric@dims`."""
+    return {f"{k}{suffix}": v for suffix, part in matryoshka.by_dims(sums).items()
+            for k, v in retrieval_summary(part).items()}
+
+  def metric_mode(self, metric: str) -> str:
+    return super().metric_mode(matryoshka.plain_metric(metric))
 
   def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read,
                kind_pipeline):
