@@ -140,3 +140,14 @@ def test_a_run_reports_retrieval_at_each_prefix(tmp_path):
   metrics = train_and_evaluate(config, tmp_path / "run")
   assert {"loss", "mrr", "recall_at_1", "loss@8", "mrr@8", "recall_at_1@8"} <= set(metrics)
   assert 0.0 < metrics["mrr@8"] <= 1.0
+
+
+def test_the_keys_belong_to_the_contrastive_task():
+  """Set for another task they are an error; a stored run's empty lists are not."""
+  config = base_config()
+  config.task, config.matryoshka_dims = "classify", (64, 32)
+  with pytest.raises(ValueError, match=r"matryoshka_dims=\(64, 32\) is an option of task "
+                                       "'contrastive'; task is 'classify'"):
+    finalize(config)
+  stored = base_config().to_dict() | {"matryoshka_dims": [], "matryoshka_weights": []}
+  assert registry.resolve(stored) == "mlm"

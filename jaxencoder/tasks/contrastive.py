@@ -98,6 +98,7 @@ class Contrastive(Family):
   # projection_dim 0: no head, the pooled vectors are the embedding (as retrieval uses them)
   options = {"projection_dim": 128, "temperature": 0.05,
              "matryoshka_dims": (), "matryoshka_weights": ()}  # e.g. (384, 256, 128, 64)
+  exclusive = ("matryoshka_dims", "matryoshka_weights")
   record_columns = {"contrastive": ("text",)}
   predicts = {"contrastive": "vectors"}
 

@@ -47,10 +47,15 @@ def resolve(config) -> str:
   family = family_of(config["task"])
   for other in FAMILIES:
     for key in other.exclusive if other is not family else ():
-      if config.get(key, other.options[key]) != other.options[key]:
+      if _as_tuple(config.get(key, other.options[key])) != _as_tuple(other.options[key]):
         raise ValueError(f"{key}={config[key]!r} is an option of task "
                          f"{' / '.join(map(repr, other.names[:1]))}; task is {config['task']!r}")
   return family.resolve(config)
+
+
+def _as_tuple(value):
+  """A list option as its tuple default compares (a stored config holds lists)."""
+  return tuple(value) if isinstance(value, list) else value
 
 
 def owner(config) -> tuple[str, Family]:
