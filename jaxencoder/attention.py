@@ -92,7 +92,9 @@ class MultiHeadAttention(nn.Module):
     """
     cfg = self.cfg
     heads = (cfg.num_heads, cfg.resolved_head_dim)
-    proj = lambda name: dense(cfg, heads, kernel_axes=("embed", "heads", "kv"), name=name)
+    adapts = lambda name: cfg.lora_adapts(f"{self.name or 'attention'}/{name}/kernel")
+    proj = lambda name, x_BxLxD: dense(cfg, heads, kernel_axes=("embed", "heads", "kv"), name=name,
+                                       lora=adapts(name))(x_BxLxD, deterministic=deterministic)
     dropout_active = not deterministic and cfg.attention_dropout_rate > 0
     cross = kv_BxSxD is not None
     static_window = local is None or isinstance(local, bool)
@@ -120,9 +122,9 @@ class MultiHeadAttention(nn.Module):
       if q_segments_BxL is not None:
         q_segments_BxL = take_rows(q_segments_BxL, query_rows_BxQ)
     kv_BxLxD = kv_BxSxD if cross else x_BxLxD
-    q_BxLxHxK = proj("query")(x_q_BxLxD)
-    k_BxLxHxK = proj("key")(kv_BxLxD)
-    v_BxLxHxK = proj("value")(kv_BxLxD)
+    q_BxLxHxK = proj("query", x_q_BxLxD)
+    k_BxLxHxK = proj("key", kv_BxLxD)
+    v_BxLxHxK = proj("value", kv_BxLxD)
     if cfg.position_embedding == "rope" and not cross:
       q_BxLxHxK = layer_rope(cfg, local, q_BxLxHxK, q_positions_BxL)
       k_BxLxHxK = layer_rope(cfg, local, k_BxLxHxK, positions_BxL)
@@ -154,7 +156,7 @@ class MultiHeadAttention(nn.Module):
     if head_mask_H is not None:
       out_BxLxHxK = out_BxLxHxK * head_mask_H.astype(out_BxLxHxK.dtype)[None, None, :, None]
     out_BxLxD = dense(cfg, cfg.emb_dim, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
-                      name="out")(out_BxLxHxK)
+                      name="out", lora=adapts("out"))(out_BxLxHxK, deterministic=deterministic)
     return out_BxLxD, (probs_BxHxLxL if output_attentions else None)
 
   def _cached(self, k_BxTxHxK, v_BxTxHxK, cache_index):

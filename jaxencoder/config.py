@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 # BERT's size table (Turc et al. 2019; Devlin et al. 2019): layers, width, heads.
@@ -26,6 +27,16 @@ NORM_POSITIONS = ("post", "pre")
 POOLINGS = ("cls", "mean", "max", "attention")
 REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
+GATED_ACTIVATIONS = ("swiglu", "geglu")  # ffn.py: wi_gate and wi_up instead of wi
+
+
+def block_kernels(cfg) -> tuple[str, ...]:
+  """The Dense kernels of an encoder block, by their path in the block (attention.py,
+  ffn.py): what `lora_targets` is matched against. tests/test_lora.py checks the table
+  against a real block."""
+  ffn = ("wi_gate", "wi_up") if cfg.activation in GATED_ACTIVATIONS else ("wi",)
+  return (tuple(f"attention/{p}/kernel" for p in ("query", "key", "value", "out"))
+          + tuple(f"ffn/{p}/kernel" for p in ffn + ("wo",)))
 
 
 def dataclass_from_dict(cls, fields: dict[str, Any] | None, noun: str = "field"):
@@ -136,6 +147,16 @@ class EncoderConfig:
   dtype: str = _runtime("float32")
   param_dtype: str = _runtime("float32")
 
+  # LoRA (Hu et al. 2021; jaxencoder/lora.py): rank > 0 adds adapters A [in, r] and
+  # B [r, out] (B = 0 at init) beside every block kernel whose path in the block
+  # (`block_kernels`, e.g. "attention/query/kernel") `lora_targets` (a regex) matches:
+  # y = x W + (lora_alpha / r) dropout(x) A B. The optimizer then trains only the
+  # adapters in the encoder (and the heads); see train/optim.py.
+  lora_rank: int = _runtime(0)
+  lora_alpha: float = _runtime(16.0)
+  lora_targets: str = _runtime("query|value")
+  lora_dropout: float = _runtime(0.0)  # on the adapters' input
+
   # Checks. Outside jit, ids are always range-checked; True checks them under jit too
   # (a host callback per call that raises naming the bad id; costs a device -> host copy).
   check_ids: bool = _runtime(False)
@@ -187,6 +208,15 @@ class EncoderConfig:
   def patch_grid(self) -> tuple[int, int]:
     return (self.image_size[0] // self.image_stride,
             self.image_size[1] // self.image_stride)
+
+  @property
+  def lora_scale(self) -> float:
+    """alpha / r: the adapters' update is scaled by it."""
+    return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
+
+  def lora_adapts(self, kernel: str) -> bool:
+    """Whether the block kernel at `kernel` (e.g. "attention/query/kernel") gets adapters."""
+    return self.lora_rank > 0 and re.search(self.lora_targets, kernel) is not None
 
   @property
   def has_cls_token(self) -> bool:
@@ -261,6 +291,7 @@ class EncoderConfig:
       raise ValueError("pooling='cls' needs a [CLS] vector: set use_cls_token=True "
                        "or choose pooling 'mean', 'max' or 'attention'")
     self._validate_layer_pattern()
+    self._validate_lora()
     if self.attention_impl == "linear":
       unsupported = {"causal": self.causal, "sliding_window": self.sliding_window is not None,
                      "position_embedding='relative'": self.position_embedding == "relative"}
@@ -281,6 +312,24 @@ class EncoderConfig:
                        "global_attention_every > 0 (it is the local layers' RoPE base)")
     if not self.first_attention_norm and self.norm_position != "pre":
       raise ValueError("first_attention_norm=False needs norm_position='pre'")
+
+  def _validate_lora(self) -> None:
+    if self.lora_rank < 0 or not isinstance(self.lora_rank, int):
+      raise ValueError(f"lora_rank must be an integer >= 0 (0: no LoRA), got {self.lora_rank!r}")
+    if not 0.0 <= self.lora_dropout < 1.0:
+      raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+    if not self.lora_rank:
+      return
+    if self.lora_alpha <= 0:
+      raise ValueError(f"lora_alpha must be positive, got {self.lora_alpha}")
+    try:
+      re.compile(self.lora_targets)
+    except re.error as e:
+      raise ValueError(f"lora_targets={self.lora_targets!r} is not a regex: {e}") from None
+    kernels = block_kernels(self)
+    if not any(self.lora_adapts(k) for k in kernels):
+      raise ValueError(f"lora_targets={self.lora_targets!r} matches no block kernel; "
+                       f"kernels: {', '.join(kernels)}")
 
   def _validate_image(self) -> None:
     if any(c <= 0 for c in self.stem_channels):

@@ -7,7 +7,7 @@ import functools
 import flax.linen as nn
 import jax
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.config import GATED_ACTIVATIONS as GATED, EncoderConfig
 from jaxencoder.layers import dense
 
 ACTIVATIONS = {
@@ -17,7 +17,6 @@ ACTIVATIONS = {
     "swiglu": jax.nn.silu,
     "geglu": functools.partial(jax.nn.gelu, approximate=False),
 }
-GATED = ("swiglu", "geglu")
 
 
 class FeedForward(nn.Module):
@@ -28,12 +27,15 @@ class FeedForward(nn.Module):
   def __call__(self, x_BxLxD, *, deterministic: bool):
     cfg = self.cfg
     act = ACTIVATIONS[cfg.activation]
-    up = lambda name: dense(cfg, cfg.resolved_mlp_dim, kernel_axes=("embed", "mlp"), name=name)
+    adapts = lambda name: cfg.lora_adapts(f"{self.name or 'ffn'}/{name}/kernel")
+    up = lambda name: dense(cfg, cfg.resolved_mlp_dim, kernel_axes=("embed", "mlp"), name=name,
+                            lora=adapts(name))(x_BxLxD, deterministic=deterministic)
     if cfg.activation in GATED:
-      h_BxLxF = act(up("wi_gate")(x_BxLxD)) * up("wi_up")(x_BxLxD)
+      h_BxLxF = act(up("wi_gate")) * up("wi_up")
     else:
-      h_BxLxF = act(up("wi")(x_BxLxD))
+      h_BxLxF = act(up("wi"))
     h_BxLxF = nn.with_logical_constraint(h_BxLxF, ("act_batch", "act_len", "act_mlp"))
     if cfg.mlp_dropout_rate > 0:
       h_BxLxF = nn.Dropout(cfg.mlp_dropout_rate)(h_BxLxF, deterministic=deterministic)
-    return dense(cfg, cfg.emb_dim, kernel_axes=("mlp", "embed"), name="wo")(h_BxLxF)
+    return dense(cfg, cfg.emb_dim, kernel_axes=("mlp", "embed"), name="wo", lora=adapts("wo"))(
+        h_BxLxF, deterministic=deterministic)

@@ -76,6 +76,30 @@ def test_sgd_update_is_minus_the_gradient_of_summed_loss_over_summed_weight(micr
   assert int(state.step) == 1
 
 
+def test_frozen_leaves_stay_out_of_grad_norm_and_their_gradients_are_never_computed():
+  """With `trainable` (w frozen): grad_norm is b's gradient norm, the update is the one
+  without it, and the compiled step does fewer FLOPs (XLA drops w's gradient)."""
+  from jaxencoder.train.optim import make_optimizer, trainable_mask
+  params, batch = toy_params(), toy_batch(8, seed=1)
+  tx, _ = make_optimizer({"name": "adamw", "learning_rate": 0.1, "warmup_steps": 0,
+                          "schedule": "constant", "grad_clip_norm": 0.0, "weight_decay": 0.0,
+                          "freeze": ("^w$",)}, params, num_layers=1)
+  trainable = trainable_mask(params, {"freeze": ("^w$",)})
+  assert trainable == {"w": False, "b": True}
+  step = lambda mask: jax.jit(lambda s, b: steps.train_step(
+      s, b, task=toy_task(), tx=tx, base_rng=jax.random.key(0), trainable=mask))
+  state, metrics = step(trainable)(new_state(params, tx), batch)
+  unmasked, _ = step(None)(new_state(params, tx), batch)
+  grads = jax.grad(reference_loss)(params, batch)
+  np.testing.assert_allclose(metrics["grad_norm"], np.linalg.norm(grads["b"]), rtol=1e-5)
+  np.testing.assert_array_equal(state.params["w"], params["w"])
+  np.testing.assert_array_equal(state.params["b"], unmasked.params["b"])
+  assert not np.allclose(state.params["b"], params["b"])
+  flops = [step(mask).lower(new_state(params, tx), batch).compile().cost_analysis()["flops"]
+           for mask in (None, trainable)]
+  assert flops[1] < flops[0]
+
+
 def test_micro_batches_with_different_weights_give_the_big_batch_update():
   """Two micro-batches (rows 0, 2, 4, .. and 1, 3, 5, ..) of total weight 4 and 24 under
   AdamW for 3 steps: the params the 8-row batch gives, not a mean of the two means."""

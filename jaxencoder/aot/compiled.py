@@ -21,7 +21,7 @@ from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
 from jaxencoder.train.batch_shapes import abstract_batch, batch_shapes, zeros_batch
 from jaxencoder.train.config import encoder_config
-from jaxencoder.train.optim import make_optimizer
+from jaxencoder.train.optim import make_optimizer, trainable_mask
 from jaxencoder.train.parallel import _compile
 from jaxencoder.tasks.registry import task_from_config
 
@@ -134,7 +134,8 @@ def compile_step(built: Built, name: str, batch_size: int, *,
   batch = abstract_batch(shapes, sharding_lib.batch_sharding(built.mesh))
   if name == "train":  # batch_size: one micro-batch's rows; the step reads k of them
     fn = steps.jit_train_step(built.task, built.tx, rng_key(config, 1), built.shardings,
-                              built.mesh, micro_batches=micro_batches)
+                              built.mesh, micro_batches=micro_batches,
+                              trainable=trainable_mask(built.state.params, config.optim))
     args = (built.state, batch)
   else:
     fn = steps.jit_eval_step(built.task, built.shardings, built.mesh)

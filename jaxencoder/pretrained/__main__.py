@@ -7,6 +7,10 @@ becomes a jaxencoder run directory that `train.py --config.init_from=DST` and
 SRC a jaxencoder run directory (written by this command, or a train.py workdir, or
 its checkpoints/ folder; local or gs://): DST becomes a Hugging Face directory of the
 run's family (model.family; "bert" unless the run began from another family).
+A run trained with LoRA (model.lora_rank > 0) has its adapters merged into its kernels
+(W + alpha / r A B) on the way out; `--merge_lora` writes that as a plain jaxencoder run
+directory instead, `--adapters_only` writes only the adapters to DST/adapters.safetensors
+(a few MB; `read_adapters` reads it back).
 HF -> jaxencoder only, opt-in: `--max_len N` extends a learned text position table to N
 rows, `--image_size H,W` resamples a ViT's position grid (interpolated, untrained
 positions: a warning is logged; see hf_checkpoint.resize_on_load).
@@ -40,7 +44,8 @@ def is_hf_dir(path) -> bool:
 
 
 def convert(source, target, *, scan_layers: bool = False, overwrite: bool = False,
-            max_len: int | None = None, image_size: tuple[int, int] | None = None) -> str:
+            max_len: int | None = None, image_size: tuple[int, int] | None = None,
+            merge_lora: bool = False, adapters_only: bool = False) -> str:
   """Converts in the direction SRC's contents imply; returns a one-line summary.
 
   A non-empty TARGET is refused unless `overwrite`; the result is written to a
@@ -52,6 +57,12 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   if any(v is not None for v in resize.values()) and not is_hf_dir(source):
     raise ValueError("--max_len / --image_size resize on the way in: SRC must be a Hugging "
                      "Face directory")
+  if merge_lora and adapters_only:
+    raise ValueError("choose one of --merge_lora (a merged run) and --adapters_only")
+  lora_out = "merge_lora" if merge_lora else "adapters_only" if adapters_only else None
+  if lora_out and is_hf_dir(source):
+    raise ValueError(f"--{lora_out}: SRC must be a jaxencoder run trained with LoRA, not a "
+                     "Hugging Face directory")
   if target.exists() and any(target.iterdir()):
     if not overwrite:
       raise FileExistsError(f"{target} is not empty; choose a new --to or pass --overwrite")
@@ -61,7 +72,7 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=local_parent))
   try:
     with paths.local_copy(source) if is_hf_dir(source) else contextlib.nullcontext(source) as src:
-      summary = _convert_into(src, staging, scan_layers, resize)
+      summary = _convert_into(src, staging, scan_layers, resize, lora_out)
     if target.exists():
       target.rmtree()
     if paths.is_url(target):
@@ -73,7 +84,8 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   return summary.replace(str(staging), str(target))
 
 
-def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict) -> str:
+def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict,
+                  lora_out: str | None = None) -> str:
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.pretrained import hf_checkpoint
   from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
@@ -85,6 +97,10 @@ def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict)
     return (f"wrote jaxencoder checkpoint {run.checkpoint_dir}; fine-tune with "
             f"--config.init_from={target} ({_what_comes_along(cfg, tokenizer, source)})")
   run = RunDir.open(source)
+  if lora_out and not run.model_config().lora_rank:
+    raise ValueError(f"--{lora_out}: {source} was not trained with LoRA (model.lora_rank 0)")
+  if lora_out == "adapters_only":
+    return write_adapters(run, target / ADAPTERS_FILE)
   cfg, params = restore_for_export(run)
   tokenizer, note = None, ""
   # A train.py run with data.tokenizer "" used MiniLM's vocab; a directory converted
@@ -95,6 +111,10 @@ def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict)
     check_fits(tokenizer, cfg, f"tokenizer {tokenizer_path}")
   elif cfg.input_kind == "text":
     note = f" without tokenizer files ({source} has none)"
+  if lora_out == "merge_lora":
+    run = RunDir(target).write_encoder(cfg, params, tokenizer)
+    return (f"wrote jaxencoder checkpoint {run.checkpoint_dir} with the LoRA adapters merged"
+            f"{note}")
   hf_checkpoint.save(target, cfg, params, tokenizer)
   family = FAMILY_NAMES.get(cfg.family, cfg.family)
   return f"wrote Hugging Face {family} directory {target}{note}"
@@ -113,7 +133,9 @@ def _what_comes_along(cfg, tokenizer, source) -> str:
 def restore_for_export(run, step: int | None = None):
   """(cfg, params) of a run's `step` (default: latest): Encoder params, or {"encoder",
   head} when a head its checkpoint family can hold was saved: "mlm_head" (masked LM), or
-  for family "electra" "discriminator_head" (ElectraForPreTraining)."""
+  for family "electra" "discriminator_head" (ElectraForPreTraining). LoRA adapters come
+  merged into their kernels (cfg with LoRA off)."""
+  from jaxencoder import lora
   from jaxencoder.electra import Electra
   from jaxencoder.encoder import ENCODER
   from jaxencoder.pretrained.electra_names import DISCRIMINATOR_HEAD
@@ -121,6 +143,8 @@ def restore_for_export(run, step: int | None = None):
   step = run.latest_step() if step is None else step
   cfg = run.model_config(step)
   encoder = run.restore_encoder(encoder_params(cfg), step=step)
+  if cfg.lora_rank:
+    encoder, cfg = lora.merge(encoder, cfg), lora.without_adapters(cfg)
   heads = ("mlm_head", DISCRIMINATOR_HEAD) if cfg.family == "electra" else ("mlm_head",)
   head_key = next((k for k in heads if k in run.param_names(step)), None)
   if head_key is None or cfg.input_kind != "text":
@@ -128,6 +152,48 @@ def restore_for_export(run, step: int | None = None):
   model = Electra(cfg) if head_key == DISCRIMINATOR_HEAD else None
   head = run.restore_subtree(abstract_params(cfg, model)[head_key], head_key, step=step)
   return cfg, {ENCODER: encoder, head_key: head}
+
+
+ADAPTERS_FILE = "adapters.safetensors"
+
+
+def write_adapters(run, path: pathlib.Path) -> str:
+  """A LoRA run's adapters as one safetensors file: '/'-joined paths in the Encoder's
+  params (e.g. "layers_0/attention/query/lora_a") -> float32 arrays; its metadata "model"
+  holds the run's EncoderConfig as JSON (lora_* fields included)."""
+  import json
+  import jax
+  import numpy as np
+  from safetensors.numpy import save_file
+  from jaxencoder import lora
+  from jaxencoder.restore_targets import encoder_params
+  cfg = run.model_config()
+  adapters = lora.split(run.restore_encoder(encoder_params(cfg)))[1]
+  path_str = lambda p: jax.tree_util.keystr(p, simple=True, separator="/")
+  tensors = {path_str(p): np.asarray(x, np.float32)  # float32: small, and any reader's
+             for p, x in jax.tree_util.tree_leaves_with_path(adapters)}
+  save_file(tensors, str(path), metadata={"model": json.dumps(cfg.to_dict())})
+  count = sum(x.size for x in tensors.values())
+  return (f"wrote {count:,} LoRA adapter params (rank {cfg.lora_rank}, "
+          f"{path.stat().st_size / 2**20:.1f} MiB) to {path}")
+
+
+def read_adapters(path):
+  """(adapters, cfg) from `write_adapters`' file: a nested dict to `lora.join` with a base
+  Encoder's params (or `lora.merge` after), and the EncoderConfig they were trained with."""
+  import json
+  from safetensors import safe_open
+  from jaxencoder.config import EncoderConfig
+  adapters = {}
+  with safe_open(str(path), framework="numpy") as f:
+    cfg = EncoderConfig.from_dict(json.loads(f.metadata()["model"]))
+    for name in f.keys():
+      *parents, leaf = name.split("/")
+      node = adapters
+      for part in parents:
+        node = node.setdefault(part, {})
+      node[leaf] = f.get_tensor(name)
+  return adapters, cfg
 
 
 def named_checkpoint(name: str) -> str:
@@ -158,6 +224,11 @@ def main(argv=None) -> None:
                       help="HF -> jaxencoder: extend the learned text position table to N rows")
   parser.add_argument("--image_size", type=image_size,
                       help="HF -> jaxencoder: H,W (or S): resample a ViT's position grid")
+  parser.add_argument("--merge_lora", action="store_true",
+                      help="a LoRA run -> a jaxencoder run directory, adapters merged into "
+                           "the kernels")
+  parser.add_argument("--adapters_only", action="store_true",
+                      help=f"a LoRA run -> DST/{ADAPTERS_FILE}, its adapters only")
   parser.add_argument("command", nargs="?", choices=["convert"],
                       help="optional, for `python -m jaxencoder.pretrained convert ...`")
   parser.add_argument("--overwrite", action="store_true",
@@ -171,7 +242,8 @@ def main(argv=None) -> None:
     parser.error("the following arguments are required: --from, --to (or --where NAME)")
   print(cli.run_main(lambda: convert(args.source, args.target, scan_layers=args.scan_layers,
                                      overwrite=args.overwrite, max_len=args.max_len,
-                                     image_size=args.image_size)))
+                                     image_size=args.image_size, merge_lora=args.merge_lora,
+                                     adapters_only=args.adapters_only)))
 
 
 def image_size(text: str) -> tuple[int, int]:

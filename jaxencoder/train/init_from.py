@@ -1,7 +1,8 @@
 """What `init_from` brings into a training config: the architecture stored with that
-checkpoint (`adopt`; `model.*` overrides and the run-time fields stay), and its
-tokenizer. `init_from` may also be a Hugging Face directory or `minilm`: converted once
-into data_dir/pretrained/ (`pretrained_run_dir`).
+checkpoint (`adopt`; `model.*` overrides and the run-time fields stay, LoRA's among them),
+its tokenizer, and its encoder params (`restore_base`: a LoRA run's adapters merged in).
+`init_from` may also be a Hugging Face directory or `minilm`: converted once into
+data_dir/pretrained/ (`pretrained_run_dir`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,24 @@ def adopt(config: ml_collections.ConfigDict) -> list[str]:
   if changes:
     log.info("init_from=%s: taking the checkpoint's %s", config.init_from, "; ".join(changes))
   return changes
+
+
+def restore_base(source, abstract):
+  """The encoder params of `source` (a RunDir) into `abstract` (ShapeDtypeStructs with
+  shardings, without LoRA adapters: those start fresh). A source trained with LoRA gives
+  its kernels with its adapters merged in (W + alpha / r A B)."""
+  import jax
+  from jaxencoder import lora
+  from jaxencoder.encoder import SCANNED_LAYERS
+  from jaxencoder.restore_targets import encoder_params
+  from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
+  cfg = source.model_config()
+  if not cfg.lora_rank:
+    return source.restore_encoder(abstract)
+  merged = lora.merge(source.restore_encoder(encoder_params(cfg)), cfg)  # its stored layout
+  if cfg.scan_layers != (SCANNED_LAYERS in abstract):
+    merged = scan_to_loop(merged) if cfg.scan_layers else loop_to_scan(merged)
+  return jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), merged, abstract)
 
 
 def pretrained_run_dir(init_from: str, data_dir) -> str:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxencoder import progress
+from jaxencoder import lora, progress
 from jaxencoder.encoder import ENCODER
 from jaxencoder.train import distributed
 from jaxencoder.train.compilation_cache import use_compilation_cache
@@ -29,13 +29,13 @@ from jaxencoder.io.run_dir import RunDir
 from jaxencoder.tasks.base import Task
 from jaxencoder.tasks.registry import task_from_config
 from jaxencoder.train.metrics import MetricWriter, throughput
-from jaxencoder.train.optim import make_optimizer
+from jaxencoder.train.optim import make_optimizer, trainable_mask
 from jaxencoder.train.parallel import make_stepper
 from jaxencoder.train.datasets import Pipelines, make_pipelines
 from jaxencoder.train.prefetch import DevicePrefetch
 from jaxencoder.train.stop import Preempted, StopSignals
 from jaxencoder.train.config import RNG_IMPLS, encoder_config
-from jaxencoder.train.init_from import finalized
+from jaxencoder.train.init_from import finalized, restore_base
 from jaxencoder.train.resume import check_config_unchanged
 
 log = logging.getLogger("jaxencoder")
@@ -186,16 +186,18 @@ def restore_data_position(iterator, data_state, step: int, workers: int = 0) -> 
 
 
 def load_encoder(state: steps.TrainState, init_from: str, shardings) -> steps.TrainState:
-  """Replaces the encoder params with those of another run's latest checkpoint."""
+  """Replaces the encoder params with those of another run's latest checkpoint (LoRA
+  adapters, if the model has them, stay fresh)."""
   source = RunDir.open(init_from)
+  base, adapters = lora.split(state.params[ENCODER])
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          state.params[ENCODER], shardings.params[ENCODER])
+                          base, lora.split(shardings.params[ENCODER])[0])
   try:
-    encoder = source.restore_encoder(abstract)
+    encoder = restore_base(source, abstract)
   except ValueError as e:
     raise ValueError(f"init_from={init_from}: {e}") from None
   log.info("loaded encoder params from %s (step %d)", source.path, source.latest_step())
-  return state.replace(params={**state.params, ENCODER: encoder})
+  return state.replace(params={**state.params, ENCODER: lora.join(encoder, adapters)})
 
 
 def evaluate(run: Run, eval_step, signals: StopSignals | None = None, *,
@@ -325,7 +327,8 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   with progress.phase("compiling the train step", enabled=shows):
     stepper = make_stepper(config.parallelism, run.task, run.tx, rng_key(config, 1),
                            run.shardings, run.mesh, run.rules, run.state, peek(run.train_iter),
-                           micro_batches=config.optim.grad_accum_steps)
+                           micro_batches=config.optim.grad_accum_steps,
+                           trainable=trainable_mask(run.state.params, config.optim))
   eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
   start = int(run.state.step)
   startup = _log_startup(run, stepper, resumed=start > 0)

@@ -28,6 +28,10 @@ Config keys (defaults in `default_optim_config()`; unknown keys raise):
   freeze_encoder    True: everything under `encoder/` frozen (trainable head only).
   freeze_layers     k: embeddings and layers 0..k-1 frozen; in the scanned layout the
                     update of indices < k is zeroed (the leaf keeps its state).
+  lora_also_train   [regex, ...]: params with LoRA adapters (`lora_a`, `lora_b`; the model's
+                    lora_rank > 0) freeze every encoder param but the adapters and these
+                    matches (e.g. "norm"); the rest of the model (heads) trains. The
+                    encoder is the `encoder/` subtree, or the whole tree if it has none.
 
 Params are unboxed (plain arrays or ShapeDtypeStructs, e.g. `nn.meta.unbox(...)`).
 Per trainable leaf the chain is: [zero frozen layer slices] -> clip -> optimizer with the
@@ -47,6 +51,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from jaxencoder import lora
 from jaxencoder.encoder import ENCODER, in_embeddings, in_scanned_stack, layer_index
 
 OPTIMIZERS = ("adamw", "adafactor", "lion")
@@ -59,7 +64,8 @@ def default_optim_config() -> ml_collections.ConfigDict:
       name="adamw", learning_rate=1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
       decay_embeddings=True, schedule="linear", warmup_steps=0, total_steps=0,
       end_lr_factor=0.0, grad_clip_norm=1.0, grad_accum_steps=1, layer_decay=None,
-      lr_multipliers=(), freeze=(), freeze_encoder=False, freeze_layers=0))
+      lr_multipliers=(), freeze=(), freeze_encoder=False, freeze_layers=0,
+      lora_also_train=()))
 
 
 def make_optimizer(cfg: Mapping[str, Any], params, *, num_layers: int
@@ -68,15 +74,16 @@ def make_optimizer(cfg: Mapping[str, Any], params, *, num_layers: int
   opts = _resolve(cfg)
   _check_against_params(opts, params, num_layers)
   lr_fn = learning_rate_schedule(opts)
+  base = _lora_base(params)
   sliced = _has_frozen_slices(params, opts)
-  steps = [_zero_frozen_slices(opts)] if sliced else []
+  steps = [_zero_frozen_slices(opts, base)] if sliced else []
   if opts.grad_clip_norm:
     steps.append(optax.clip_by_global_norm(opts.grad_clip_norm))
   steps.append(_base_optimizer(opts, lr_fn))
   steps.append(_scale_by_multipliers(opts, num_layers))
-  steps += [_zero_frozen_slices(opts)] if sliced else []
+  steps += [_zero_frozen_slices(opts, base)] if sliced else []
   labels = lambda tree: jax.tree_util.tree_map_with_path(
-      lambda path, x: "trainable" if np.any(_leaf_trainable(path, x, opts)) else "frozen",
+      lambda path, x: "trainable" if np.any(_leaf_trainable(path, x, opts, base)) else "frozen",
       tree)
   tx = optax.partition({"trainable": optax.chain(*steps), "frozen": optax.set_to_zero()},
                        labels)
@@ -119,9 +126,9 @@ def param_multipliers(params, cfg: Mapping[str, Any], num_layers: int):
 
 def trainable_mask(params, cfg: Mapping[str, Any]):
   """Per leaf: a bool, or a bool [N] array for a scanned stack partly frozen."""
-  opts = _resolve(cfg)
+  opts, base = _resolve(cfg), _lora_base(params)
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: _leaf_trainable(path, x, opts), params)
+      lambda path, x: _leaf_trainable(path, x, opts, base), params)
 
 
 def weight_decay_mask(params, cfg: Mapping[str, Any]):
@@ -163,9 +170,20 @@ def _leaf_multiplier(path, x, opts, num_layers: int):
   return float(factor)
 
 
-def _leaf_trainable(path, x, opts):
+def _lora_base(params) -> str | None:
+  """The prefix of the params LoRA freezes: "encoder/" (or "" for a bare Encoder's tree)
+  when the params hold adapters, else None."""
+  if not lora.has_adapters(params):
+    return None
+  return f"{ENCODER}/" if ENCODER in params else ""
+
+
+def _leaf_trainable(path, x, opts, lora_base: str | None = None):
   name = path_str(path)
   if any(re.search(pattern, name) for pattern in opts.freeze):
+    return False
+  if (lora_base is not None and name.startswith(lora_base) and not lora.is_adapter(path)
+      and not any(re.search(pattern, name) for pattern in opts.lora_also_train)):
     return False
   if opts.freeze_encoder and name.startswith(f"{ENCODER}/"):
     return False
@@ -216,10 +234,10 @@ def _scale_by_multipliers(opts, num_layers: int) -> optax.GradientTransformation
   return _map_updates(scale)
 
 
-def _zero_frozen_slices(opts) -> optax.GradientTransformation:
+def _zero_frozen_slices(opts, lora_base: str | None) -> optax.GradientTransformation:
   """Zeros the frozen layer indices of a partly frozen scanned stack."""
   def zero(path, u):
-    keep = _leaf_trainable(path, u, opts)
+    keep = _leaf_trainable(path, u, opts, lora_base)
     if np.ndim(keep) == 0:
       return u
     return jnp.where(keep.reshape((-1,) + (1,) * (u.ndim - 1)), u, jnp.zeros_like(u))
@@ -260,7 +278,8 @@ def _check_against_params(opts, params, num_layers: int) -> None:
     raise ValueError("make_optimizer takes unboxed params: pass nn.meta.unbox(params)")
   leaves = jax.tree_util.tree_leaves_with_path(params)
   names = [path_str(p) for p, _ in leaves]
-  for pattern in list(opts.freeze) + [pattern for pattern, _ in opts.lr_multipliers]:
+  for pattern in (list(opts.freeze) + list(opts.lora_also_train)
+                  + [pattern for pattern, _ in opts.lr_multipliers]):
     if not any(re.search(pattern, n) for n in names):
       raise ValueError(f"optimizer regex {pattern!r} matches no parameter")
   if opts.freeze_encoder and not any(n.startswith(f"{ENCODER}/") for n in names):

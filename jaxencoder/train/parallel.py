@@ -35,10 +35,10 @@ class JitStepper:
   """`train_step` jitted with NamedShardings over the run's mesh, state donated."""
 
   def __init__(self, task, tx, base_rng, shardings, mesh, rules, state, host_batch, *,
-               micro_batches: int = 1):
+               micro_batches: int = 1, trainable=None):
     self.mesh, self.rules = mesh, rules
     jitted = steps.jit_train_step(task, tx, base_rng, shardings, mesh,
-                                  micro_batches=micro_batches)
+                                  micro_batches=micro_batches, trainable=trainable)
     with steps.mesh_context(mesh, rules):
       self._step, self.trace_seconds, self.compile_seconds, self.flops = _compile(
           jitted, state, self.put(host_batch))
@@ -59,7 +59,7 @@ class PmapStepper:
   AXIS = "batch"
 
   def __init__(self, task, tx, base_rng, shardings, state, host_batch, *,
-               micro_batches: int = 1):
+               micro_batches: int = 1, trainable=None):
     if jax.process_count() > 1:
       raise ValueError("parallelism='pmap' is single-process; use the default 'jit'")
     self.devices = jax.local_device_count()
@@ -67,7 +67,7 @@ class PmapStepper:
     self.flops = None
     step = lambda state, batch, rng: steps.train_step(
         state, batch, task=task, tx=tx, base_rng=rng, axis_name=self.AXIS,
-        micro_batches=micro_batches)
+        micro_batches=micro_batches, trainable=trainable)
     # One dropout key per device, so devices do not drop the same units.
     self._rngs = jax.vmap(lambda i: jax.random.fold_in(base_rng, i))(jnp.arange(self.devices))
     replicas = jax.tree.map(
@@ -102,11 +102,12 @@ class PmapStepper:
 
 
 def make_stepper(parallelism: str, task, tx, base_rng, shardings, mesh, rules, state,
-                 host_batch, *, micro_batches: int = 1):
+                 host_batch, *, micro_batches: int = 1, trainable=None):
+  """`trainable`: optim.trainable_mask of the params (steps.train_step)."""
   if parallelism == "jit":
     return JitStepper(task, tx, base_rng, shardings, mesh, rules, state, host_batch,
-                      micro_batches=micro_batches)
+                      micro_batches=micro_batches, trainable=trainable)
   if parallelism == "pmap":
     return PmapStepper(task, tx, base_rng, shardings, state, host_batch,
-                       micro_batches=micro_batches)
+                       micro_batches=micro_batches, trainable=trainable)
   raise ValueError(f"parallelism={parallelism!r} is not one of ('jit', 'pmap')")

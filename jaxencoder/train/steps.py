@@ -9,6 +9,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -134,7 +135,7 @@ def summed_gradients(task: Task, params, batch: dict[str, jax.Array], rng, *,
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, task: Task,
                tx: optax.GradientTransformation, base_rng: jax.Array,
-               axis_name: str | None = None, micro_batches: int = 1):
+               axis_name: str | None = None, micro_batches: int = 1, trainable=None):
   """One optimizer step. Returns (new state, metric sums incl. grad_norm and loss).
 
   Gradients are those of sum(loss) / sum(weight) over the whole batch: with
@@ -142,7 +143,10 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task: Task,
   micro-batches whose summed losses and weights are divided once, so the update is the
   one a single batch of k x B rows makes. `axis_name` (pmap compatibility, see
   train/parallel.py) psums each device's gradient and metric sums first, so the update
-  equals the jit path's for the same global batch.
+  equals the jit path's for the same global batch. `trainable` (optim.trainable_mask of
+  the params; None: all) keeps frozen leaves out of grad_norm, which is then the norm the
+  optimizer clips, and XLA never computes their gradients (frozen kernels under LoRA or
+  freeze_encoder cost no weight-gradient matmuls).
   """
   rng = jax.random.fold_in(base_rng, state.step)
   grads, sums = summed_gradients(task, state.params, batch, rng, micro_batches=micro_batches)
@@ -151,7 +155,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task: Task,
   weight = jnp.maximum(sums["loss_weight"], 1.0)
   grads = jax.tree.map(lambda g: g / weight, grads)
   loss = sums["loss_sum"] / weight
-  grad_norm = optax.tree.norm(grads)
+  grad_norm = optax.tree.norm(grads if trainable is None else trainable_only(grads, trainable))
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (state.nonfinite_step < 0)
@@ -165,6 +169,11 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task: Task,
   return new_state, {**sums, "grad_norm": grad_norm, "loss": loss}
 
 
+def trainable_only(grads, trainable):
+  """`grads` with every wholly frozen leaf a scalar zero (nothing of it is used)."""
+  return jax.tree.map(lambda g, t: g if np.any(t) else jnp.zeros((), g.dtype), grads, trainable)
+
+
 def eval_step(params, batch: dict[str, jax.Array], *, task: Task):
   """Metric sums for one batch, deterministic."""
   _, sums = task.loss_fn(params, batch, jax.random.key(0), False)
@@ -172,10 +181,10 @@ def eval_step(params, batch: dict[str, jax.Array], *, task: Task):
 
 
 def jit_train_step(task: Task, tx, base_rng, shardings: TrainState, mesh: Mesh, *,
-                   micro_batches: int = 1):
+                   micro_batches: int = 1, trainable=None):
   """train_step jitted with explicit in/out shardings and the state donated."""
   step = lambda state, batch: train_step(state, batch, task=task, tx=tx, base_rng=base_rng,
-                                         micro_batches=micro_batches)
+                                         micro_batches=micro_batches, trainable=trainable)
   batch_sharding = sharding_lib.batch_sharding(mesh)
   return jax.jit(step, in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, None), donate_argnums=0)
