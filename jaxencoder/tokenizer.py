@@ -148,7 +148,7 @@ def check_fits(tokenizer: "Tokenizer", cfg, where, *, expected: dict[str, int] |
                        f"({key}), the tokenizer {have}: use the tokenizer it was trained with")
 
 
-def _resolve(path: str | os.PathLike) -> epath.Path:
+def resolve_file(path: str | os.PathLike) -> epath.Path:
   """A tokenizer.json, vocab.txt or vocab.json (+ merges.txt), or a directory holding one
   (in that order of preference)."""
   path = as_path(path)
@@ -191,7 +191,7 @@ class Tokenizer:
     For vocab.txt, `lowercase` defaults to True (uncased BERT). For
     tokenizer.json the file's normaliser is kept unless an option is given.
     """
-    path = _resolve(path)
+    path = resolve_file(path)
     if path.name == "vocab.json":
       return cls.from_bpe_files(path, path.parent / "merges.txt")
     if path.suffix == ".json":

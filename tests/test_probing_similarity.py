@@ -111,14 +111,15 @@ def test_perturbing_the_top_layer_changes_only_the_top_layers_cka(model, dataset
 
 
 def test_cka_matrices_equal_similarity_cka_pair_by_pair(monkeypatch):
-  monkeypatch.setattr(compare, "CHUNK_ROWS", 7)  # the linear products add up 6 chunks
+  monkeypatch.setattr(similarity, "CHUNK_ROWS", 7)  # the linear products add up 6 chunks
   rng = np.random.default_rng(0)
   layers_a = [rng.normal(size=(40, 6)) for _ in range(3)]
   layers_b = [x @ rng.normal(size=(6, 5)) + 0.3 * rng.normal(size=(40, 5)) for x in layers_a]
   for unbiased in (False, True):
     sim = compare.similarity_report(layers_a, layers_b, unbiased=unbiased)
-    np.testing.assert_allclose(sim["linear_cka"], similarity.layer_cka(
-        layers_a, layers_b, unbiased=unbiased), atol=1e-12)
+    pair_by_pair = [[similarity.cka(x, y, unbiased=unbiased) for y in layers_b]
+                    for x in layers_a]
+    np.testing.assert_allclose(sim["linear_cka"], pair_by_pair, atol=1e-12)
     np.testing.assert_allclose(sim["rbf_cka"]["cka"], similarity.layer_cka(
         layers_a, layers_b, "rbf", unbiased=unbiased), atol=1e-12)
     np.testing.assert_allclose(sim["rbf_cka"]["within_b"], similarity.layer_cka(

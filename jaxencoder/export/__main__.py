@@ -61,12 +61,13 @@ def read_model(run: str | None, pretrained: str | None) -> tuple[Servable, str |
 
 
 def tokenizer_file(path) -> str | None:
-  """The tokenizer file at `path`: the file, or the one a directory holds (local only)."""
-  path = pathlib.Path(path)
-  if path.is_dir():
-    return next((str(path / n) for n in ("tokenizer.json", "vocab.txt", "vocab.json")
-                 if (path / n).exists()), None)
-  return str(path) if path.is_file() else None
+  """The tokenizer file at `path` (the file, or the one a directory holds, as the
+  Tokenizer reads it); None if there is none."""
+  from jaxencoder.tokenizer import resolve_file
+  try:
+    return str(resolve_file(path))
+  except FileNotFoundError:
+    return None
 
 
 def classifier_task(config: dict, cfg) -> bool:

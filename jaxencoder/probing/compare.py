@@ -21,10 +21,9 @@ import numpy as np
 from jaxencoder import progress as progress_lib
 from jaxencoder.probing import features as features_lib
 from jaxencoder.probing import images, report, similarity
-from jaxencoder.probing.study import StudyOptions
+from jaxencoder.probing.study import StudyOptions, model_summary
 
 GRAM_ROWS = 2048  # items kept for [N, N] kernels: 32 MiB each, one per layer and model
-CHUNK_ROWS = 8192  # rows per step of the linear products (memmapped layers stay on disk)
 
 
 def run(model_a, model_b, dataset, out_dir, options: StudyOptions = StudyOptions(), *,
@@ -41,8 +40,8 @@ def run(model_a, model_b, dataset, out_dir, options: StudyOptions = StudyOptions
   if feats_b is not None:
     check_same_items(feats_a, feats_b, sources)
   rep = {"source": sources[0], "data": feats_a.info,
-         "models": {"a": _model_summary(model_a[0]),
-                    "b": None if model_b is None else _model_summary(model_b[0])},
+         "models": {"a": model_summary(model_a[0]),
+                    "b": None if model_b is None else model_summary(model_b[0])},
          "extract_seconds": time.time() - started}
   layers_b = None if feats_b is None else feats_b.layers
   pairs = f"{len(feats_a.layers)} x {len(layers_b or feats_a.layers)} layers"
@@ -112,48 +111,12 @@ def similarity_report(layers_a, layers_b=None, *, unbiased: bool = False,
 
 def _linear(layers_a, layers_b, unbiased: bool, seed: int) -> np.ndarray:
   """[A, B] linear CKA: from the features over all items (biased), else from kernels."""
-  if not unbiased:
-    return _feature_cka(layers_a, layers_b)
+  if not unbiased:  # every item, from the features (memmapped layers read in chunks)
+    return similarity.layer_cka(layers_a, layers_b)
   keep = _gram_rows(len(layers_a[0]), seed)
   grams_a = _grams(layers_a, "linear", keep)
   return _gram_cka(grams_a, None if layers_b is None else _grams(layers_b, "linear", keep),
                    unbiased=True)
-
-
-def _feature_cka(layers_a, layers_b=None) -> np.ndarray:
-  """[A, B] biased linear CKA over every item, as `similarity.layer_cka` computes it, but
-  with each layer's mean and ||Xc^T Xc|| made once: one [P, Q] product per pair, not three."""
-  same = layers_b is None
-  layers_b = layers_a if same else layers_b
-  means_a = [_column_mean(x_NxP) for x_NxP in layers_a]
-  means_b = means_a if same else [_column_mean(y_NxQ) for y_NxQ in layers_b]
-  norms_a = [np.linalg.norm(_centred_product(x, x, m, m)) for x, m in zip(layers_a, means_a)]
-  norms_b = norms_a if same else [np.linalg.norm(_centred_product(y, y, m, m))
-                                  for y, m in zip(layers_b, means_b)]
-  out_AxB = np.zeros((len(layers_a), len(layers_b)))
-  for i, j in np.ndindex(out_AxB.shape):
-    denominator = norms_a[i] * norms_b[j]
-    if same and j <= i:
-      out_AxB[i, j] = out_AxB[j, i] if j < i else float(denominator > 0)
-    elif denominator > 0:
-      cross_PxQ = _centred_product(layers_a[i], layers_b[j], means_a[i], means_b[j])
-      out_AxB[i, j] = np.linalg.norm(cross_PxQ) ** 2 / denominator
-  return out_AxB
-
-
-def _column_mean(x_NxP) -> np.ndarray:
-  total_P = sum(np.asarray(x_NxP[s:s + CHUNK_ROWS], np.float64).sum(0)
-                for s in range(0, len(x_NxP), CHUNK_ROWS))
-  return total_P / len(x_NxP)
-
-
-def _centred_product(x_NxP, y_NxQ, mean_x_P, mean_y_Q) -> np.ndarray:
-  """[P, Q] (X - mean)^T (Y - mean) in float64, CHUNK_ROWS rows at a time."""
-  out_PxQ = np.zeros((x_NxP.shape[1], y_NxQ.shape[1]))
-  for s in range(0, len(x_NxP), CHUNK_ROWS):
-    x_CxP = np.asarray(x_NxP[s:s + CHUNK_ROWS], np.float64) - mean_x_P
-    out_PxQ += x_CxP.T @ (np.asarray(y_NxQ[s:s + CHUNK_ROWS], np.float64) - mean_y_Q)
-  return out_PxQ
 
 
 def _gram_rows(n: int, seed: int) -> np.ndarray:
@@ -196,11 +159,6 @@ def _features(cfg, params, tokenizer, dataset, options: StudyOptions):
                               attention=False, progress=options.progress)
 
 
-def _model_summary(cfg) -> dict:
-  return {"family": cfg.family, "input_kind": cfg.input_kind, "num_layers": cfg.num_layers,
-          "emb_dim": cfg.emb_dim}
-
-
 def _plots(sim: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
   """Heat maps: A against B (when given), then A and B each against itself."""
   name_a = f"A ({_short(sim['sources']['a'] or 'model A')})"
@@ -221,9 +179,7 @@ def _plots(sim: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
 def plot_cka(values_AxB, path, title: str, rows_name: str, columns_name: str
              ) -> pathlib.Path:
   """A layer x layer heat map on the 0..1 scale, each cell's value written in it."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = report._pyplot()
   values_AxB = np.asarray(values_AxB, np.float64)
   rows, columns = values_AxB.shape
   fig, ax = plt.subplots(figsize=(0.6 * columns + 2.5, 0.5 * rows + 1.8))
@@ -236,11 +192,7 @@ def plot_cka(values_AxB, path, title: str, rows_name: str, columns_name: str
          ylabel=f"layer of {rows_name}\n(0 = embeddings)", title=title,
          xticks=range(columns), yticks=range(rows))
   fig.colorbar(image, ax=ax, label="CKA")
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110, bbox_inches="tight")
-  plt.close(fig)
-  return path
+  return report._save(fig, path)
 
 
 def _short(source: str, width: int = 28) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 
 KERNELS = ("linear", "rbf")
 MAX_GRAM_ROWS = 4096  # rows kept for [N, N] kernels (RBF, unbiased): 128 MiB per kernel
+CHUNK_ROWS = 8192  # rows per step of layer_cka's linear products (memmapped layers stay on disk)
 
 
 def _centered(x_NxP: np.ndarray) -> np.ndarray:
@@ -95,6 +96,8 @@ def layer_cka(layers_a: Sequence, layers_b: Sequence | None = None, kernel: str 
               **kwargs) -> np.ndarray:
   """[A, B] CKA of every layer of `layers_a` (each [N, P]) against every layer of
   `layers_b` (default: `layers_a` itself, then symmetric with ones on the diagonal)."""
+  if kernel == "linear" and not kwargs.get("unbiased"):
+    return _linear_layer_cka(layers_a, layers_b)
   same = layers_b is None
   layers_b = layers_a if same else layers_b
   out_AxB = np.zeros((len(layers_a), len(layers_b)))
@@ -105,3 +108,40 @@ def layer_cka(layers_a: Sequence, layers_b: Sequence | None = None, kernel: str 
       else:
         out_AxB[i, j] = cka(x_NxP, y_NxQ, kernel, **kwargs)
   return out_AxB
+
+
+def _linear_layer_cka(layers_a, layers_b=None) -> np.ndarray:
+  """Biased linear CKA of every layer pair over every item, as `linear_cka_features` per
+  pair, with each layer's mean and ||Xc^T Xc|| made once (one [P, Q] product per pair, not
+  three) and the rows read CHUNK_ROWS at a time (layers may be memmaps)."""
+  same = layers_b is None
+  layers_b = layers_a if same else layers_b
+  means_a = [_column_mean(x_NxP) for x_NxP in layers_a]
+  means_b = means_a if same else [_column_mean(y_NxQ) for y_NxQ in layers_b]
+  norms_a = [np.linalg.norm(_centred_product(x, x, m, m)) for x, m in zip(layers_a, means_a)]
+  norms_b = norms_a if same else [np.linalg.norm(_centred_product(y, y, m, m))
+                                  for y, m in zip(layers_b, means_b)]
+  out_AxB = np.zeros((len(layers_a), len(layers_b)))
+  for i, j in np.ndindex(out_AxB.shape):
+    denominator = norms_a[i] * norms_b[j]
+    if same and j <= i:
+      out_AxB[i, j] = out_AxB[j, i] if j < i else float(denominator > 0)
+    elif denominator > 0:
+      cross_PxQ = _centred_product(layers_a[i], layers_b[j], means_a[i], means_b[j])
+      out_AxB[i, j] = np.linalg.norm(cross_PxQ) ** 2 / denominator
+  return out_AxB
+
+
+def _column_mean(x_NxP) -> np.ndarray:
+  total_P = sum(np.asarray(x_NxP[s:s + CHUNK_ROWS], np.float64).sum(0)
+                for s in range(0, len(x_NxP), CHUNK_ROWS))
+  return total_P / len(x_NxP)
+
+
+def _centred_product(x_NxP, y_NxQ, mean_x_P, mean_y_Q) -> np.ndarray:
+  """[P, Q] (X - mean)^T (Y - mean) in float64, CHUNK_ROWS rows at a time."""
+  out_PxQ = np.zeros((x_NxP.shape[1], y_NxQ.shape[1]))
+  for s in range(0, len(x_NxP), CHUNK_ROWS):
+    x_CxP = np.asarray(x_NxP[s:s + CHUNK_ROWS], np.float64) - mean_x_P
+    out_PxQ += x_CxP.T @ (np.asarray(y_NxQ[s:s + CHUNK_ROWS], np.float64) - mean_y_Q)
+  return out_PxQ

@@ -55,7 +55,7 @@ def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, ou
   started = time.time()
   feats = _extract(cfg, params, tokenizer, dataset, options,
                    out_dir / "features" if options.stream else None)
-  rep = {"source": source, "model": _model_summary(cfg), "data": feats.info,
+  rep = {"source": source, "model": model_summary(cfg), "data": feats.info,
          "input": {"kind": dataset.level if is_image else "text", "pool": feats.info["pool"],
                    "normalisation": feats.info.get("normalisation")},
          "tokenizer": None if is_image else _tokenizer_summary(tokenizer, feats.info),
@@ -100,7 +100,7 @@ def _extract(cfg, params, tokenizer, dataset, options: StudyOptions, out_dir
       out_dir=out_dir, progress=options.progress)
 
 
-def _model_summary(cfg: EncoderConfig) -> dict:
+def model_summary(cfg: EncoderConfig) -> dict:
   return {"family": cfg.family, "input_kind": cfg.input_kind, "num_layers": cfg.num_layers,
           "emb_dim": cfg.emb_dim,
           "num_heads": cfg.num_heads, "norm_position": cfg.norm_position,
