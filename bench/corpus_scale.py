@@ -2,25 +2,33 @@
 synthetic text corpus of --size-mb, against the 5 MB Shakespeare corpus in the same run.
 
   .venv/bin/python bench/corpus_scale.py [--size-mb 4096 --work-dir /tmp/corpus_scale
-      --data-dir data --processes 2 --batches 300 --skip-gcs --skip-train --only PART]
+      --data-dir data --processes 2 --batches 300 --skip-gcs --skip-train --only PART
+      --doc-paragraphs 1 --seq-len 128 --threads 0 [8] --latency-ms 0 [50]
+      --corpora shakespeare synthetic synthetic_gs]
 
 The corpus: the paragraphs (blank-line separated blocks) of the Shakespeare and Austen
 texts (fetched into --data-dir if missing), shuffled by a seeded RNG and written until
 N MiB as UTF-8 files of about 64 MiB, WORK_DIR/corpus-<N>mb/part-NNNNN.txt (reused while
-its COMPLETE.json says so; the texts repeat). MB below means MiB. Parts (--only one):
+its COMPLETE.json says so; the texts repeat); --doc-paragraphs k > 1 joins every k of
+them into one document (WORK_DIR/corpus-<N>mb-doc<k>: long rows from long texts). MB
+below means MiB. Parts (--only one):
 
   prepare  `python -m jaxencoder.data prepare text_corpus --source CORPUS --tokenizer
            MINILM --processes P --overwrite --ids-only` (--with-texts: without
            --ids-only) as a subprocess: wall s, MB/s of text,
            tokens/s (the tokens its token_ids/manifest.json stores), and peak RSS of its
            process tree (psutil every 0.2 s: the sum over the tree, and the largest one)
-  input    real (non-padding) packed tokens/s of mlm_pipeline(seq_len=128, batch 32,
-           mode="pack", stored ids, Reading(seed=0, num_epochs=None, shard 0 of 1)), in
-           one reader process with no grain workers, so tokens/s is also "per core":
-           --batches batches after 20 warm-up ones (as bench/input_pipeline.py), for
-           Shakespeare (same tokenizer), the corpus on local disk and the same prepared
-           dataset in the Cloud Storage emulator (fake-gcs-server, filesystem backend,
-           127.0.0.1 only); with the reader's peak RSS (its VmHWM)
+  input    real (non-padding) packed tokens/s of mlm_pipeline(seq_len=--seq-len, batch
+           32, mode="pack", stored ids, Reading(seed=0, num_epochs=None, shard 0 of 1,
+           num_threads=--threads: each value a row; n > 0 reads the next 2n chunks
+           ahead)), in one reader process with no grain workers, so tokens/s is also
+           "per process": --batches batches after WARMUP_S seconds and 20 x 128 /
+           seq_len batches (at least 2) of warm-up, for Shakespeare (same tokenizer), the
+           corpus on local disk and the same prepared dataset in the Cloud Storage
+           emulator (fake-gcs-server, filesystem backend, 127.0.0.1 only); with the
+           reader's peak RSS (its VmHWM). --latency-ms: the emulator's rows are read
+           through bench/latency_proxy.py, a relay on 127.0.0.1 that holds every request
+           MS ms before forwarding it (a bucket in another zone), a row per value
   train    peak RSS (polled as above) of train.py --config configs/mlm_tiny.py with a
            1-layer, 32-wide model, 30 steps, one eval and checkpoint at step 30, no
            compilation cache (each run compiles); the synthetic corpus holds out every
@@ -56,11 +64,15 @@ import urllib.request
 import numpy as np
 import psutil
 
+from latency_proxy import LatencyProxy
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BUCKET = "bucket"
 PARTS = ("prepare", "input", "train", "two")
+CORPORA = ("shakespeare", "synthetic", "synthetic_gs")  # input: Shakespeare, local, emulator
 PART_BYTES = 64 << 20
 MIB = 1 << 20
+WARMUP_S = 3  # reading: enough for read-ahead to empty the buffer it fills at the start
 TINY = ["--config.model.num_layers=1", "--config.model.emb_dim=32",
         "--config.model.num_heads=2", "--config.model.mlp_dim=64"]
 
@@ -76,20 +88,30 @@ def paragraphs(data: pathlib.Path) -> list[bytes]:
   return out
 
 
-def make_corpus(data: pathlib.Path, work: pathlib.Path, size_mb: int) -> pathlib.Path:
-  """WORK/corpus-<N>mb: shuffled paragraphs in ~64 MiB files up to N MiB (reused)."""
-  root = work / f"corpus-{size_mb}mb"
+def corpus_name(size_mb: int, doc_paragraphs: int) -> str:
+  return f"corpus-{size_mb}mb" + (f"-doc{doc_paragraphs}" if doc_paragraphs > 1 else "")
+
+
+def make_corpus(data: pathlib.Path, work: pathlib.Path, size_mb: int,
+                doc_paragraphs: int = 1) -> pathlib.Path:
+  """WORK/<corpus_name>: shuffled paragraphs in ~64 MiB files up to N MiB (reused); with
+  doc_paragraphs k > 1, each document k of them joined by single line breaks (one
+  paragraph to the reader: a document of about k x 48 tokens)."""
+  root = work / corpus_name(size_mb, doc_paragraphs)
   marker = root / "COMPLETE.json"
   if marker.exists() and json.loads(marker.read_text())["size_mb"] == size_mb:
     return root
   shutil.rmtree(root, ignore_errors=True)
   root.mkdir(parents=True)
   paras, rng = paragraphs(data), np.random.default_rng(0)
-  total, files, buf, size = 0, 0, [], 0
+  total, files, buf, size, doc = 0, 0, [], 0, []
   while total < size_mb * MIB:
     for i in rng.permutation(len(paras)):
-      buf.append(paras[i])
-      size += len(paras[i]) + 2
+      doc.append(paras[i])
+      if len(doc) < doc_paragraphs:
+        continue
+      buf.append(b"\n".join(doc))
+      size, doc = size + len(buf[-1]) + 2, []
       if size >= PART_BYTES or total + size >= size_mb * MIB:
         (root / f"part-{files:05d}.txt").write_bytes(b"\n\n".join(buf) + b"\n\n")
         total, files, buf, size = total + size, files + 1, [], 0
@@ -178,6 +200,19 @@ def emulator(root: pathlib.Path):
     proc.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def delayed(env: dict | None, latency_ms: float | None):
+  """(env, proxy): `env` itself and None, or for a latency the clients' env pointed at a
+  LatencyProxy in front of the emulator (bench/latency_proxy.py), and the proxy."""
+  if latency_ms is None:
+    yield env, None
+    return
+  from gcs_emulator import client_env  # tests/ is on sys.path once emulator() ran
+  port = urllib.parse.urlparse(env["STORAGE_EMULATOR_HOST"]).port
+  with LatencyProxy(("127.0.0.1", port), latency_ms) as proxy:
+    yield {**env, **client_env(proxy.endpoint)}, proxy
+
+
 def remote_bytes(env: dict, name: str) -> bytes | None:
   url = (f"{env['STORAGE_EMULATOR_HOST']}/storage/v1/b/{BUCKET}/o/"
          f"{urllib.parse.quote(name, safe='')}?alt=media")
@@ -206,8 +241,10 @@ def upload(local: pathlib.Path, env: dict, work: pathlib.Path) -> dict:
 
 
 # ------------------------------------------------------------------ reading
-def read_batches(source_dir: str, shard: str, batch_size: int, batches: int) -> dict:
-  """In this process: real packed tokens/s of mlm_pipeline over `batches` batches."""
+def read_batches(source_dir: str, shard: str, batch_size: int, batches: int, seq_len: int = 128,
+                 threads: int = 0) -> dict:
+  """In this process: real packed tokens/s of mlm_pipeline over `batches` batches, after
+  WARMUP_S seconds and 20 x 128 / seq_len batches (at least 2) of warm-up."""
   from jaxencoder.data import pipeline, sources
   from jaxencoder.data.pipeline import Reading
   from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
@@ -217,12 +254,15 @@ def read_batches(source_dir: str, shard: str, batch_size: int, batches: int) -> 
   started = time.perf_counter()
   tok = Tokenizer.from_file(str(default_tokenizer_path()))
   source = sources.open_source(source_dir)
-  it = iter(pipeline.mlm_pipeline(source, tok, seq_len=128, batch_size=batch_size, mode="pack",
-                                  read=Reading(seed=0, num_epochs=None, shard_index=index,
-                                               shard_count=count)))
-  for _ in range(20):
+  read = Reading(seed=0, num_epochs=None, shard_index=index, shard_count=count,
+                 num_threads=threads)
+  it = iter(pipeline.mlm_pipeline(source, tok, seq_len=seq_len, batch_size=batch_size,
+                                  mode="pack", read=read))
+  next(it)
+  ready, warm = time.perf_counter() - started, 1  # startup: open, read the first batch
+  while warm < max(2, 20 * 128 // seq_len) or time.perf_counter() - started < WARMUP_S:
     next(it)
-  ready = time.perf_counter() - started
+    warm += 1
   rate = real_token_rate(it, batches)
   return {"shard": shard, "batch_size": batch_size, "batches": batches, "examples": len(source),
           "seconds": round(rate["seconds"], 2), "startup_s": round(ready, 1),
@@ -236,14 +276,17 @@ def vm_hwm_mib() -> int:
   return round(int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024)
 
 
-def readers(bench, label, source_dir, shards, batch_size, env=None) -> list[dict]:
+def readers(bench, label, source_dir, shards, batch_size, env=None, threads=0,
+            tag="") -> list[dict]:
   cmds = [[sys.executable, __file__, "--reader", str(source_dir), "--shard", shard,
-           "--batch-size", str(batch_size), "--batches", str(bench.args.batches)]
+           "--batch-size", str(batch_size), "--batches", str(bench.args.batches),
+           "--seq-len", str(bench.args.seq_len), "--reader-threads", str(threads)]
           for shard in shards]
-  logs = [bench.work / f"logs/read-{label}-{s.replace('/', 'of')}.log" for s in shards]
+  logs = [bench.work / f"logs/read-{label}-{s.replace('/', 'of')}{tag}.log" for s in shards]
   rows = []
   for r in run_tree(cmds, logs, env):
-    row = {"corpus": label, "error": failed(r), "wall_s": r["wall_s"],
+    row = {"corpus": label, "seq_len": bench.args.seq_len, "threads": threads,
+           "error": failed(r), "wall_s": r["wall_s"],
            "peak_tree_mib": r["peak_tree_mib"]}
     if row["error"] is None:
       row.update(json.loads(pathlib.Path(r["log"]).read_text().strip().splitlines()[-1]))
@@ -257,6 +300,7 @@ class Bench:
     self.args, self.work = args, pathlib.Path(args.work_dir)
     (self.work / "logs").mkdir(parents=True, exist_ok=True)
     self.results: dict[str, list[dict]] = {}
+    self.load_before = os.getloadavg()  # the machine is shared: its load goes with the results
 
   def emit(self, part: str, record: dict) -> None:
     self.results.setdefault(part, []).append(record)
@@ -297,6 +341,19 @@ def train(bench, label: str, source_args: list[str], env=None) -> dict:
   return {"corpus": label, **r, "error": failed(r)}
 
 
+def input_rows(args, datasets: dict):
+  """(label, dataset, threads, latency ms or None) of each `input` row: every dataset of
+  --corpora at each --threads; the emulator's at each --latency-ms too (None: straight
+  to it)."""
+  for label, where in datasets.items():
+    if label not in args.corpora:
+      continue
+    for threads in args.threads:
+      remote = label.endswith("_gs") and args.latency_ms
+      for ms in args.latency_ms if remote else [None]:
+        yield label, where, threads, ms
+
+
 def holdout_every(dataset: pathlib.Path) -> int:
   manifest = json.loads((dataset / "token_ids/manifest.json").read_text())
   return max(20, manifest["splits"]["train"]["examples"] // 2000)
@@ -306,9 +363,14 @@ def run_parts(bench, parts, datasets: dict, env):
   args = bench.args
   base = None
   if "input" in parts:
-    for label, where in datasets.items():
-      [row] = readers(bench, label, where, ["0/1"], 32, env)
-      base = row.get("real_tokens_per_s") if label == "shakespeare" else base
+    for label, where, threads, ms in input_rows(args, datasets):
+      tag = f"-t{threads}" + ("" if ms is None else f"-{ms:g}ms")
+      with delayed(env, ms) as (reader_env, proxy):
+        [row] = readers(bench, label, where, ["0/1"], 32, reader_env, threads, tag)
+      if proxy is not None:
+        row.update(latency_ms=ms if ms % 1 else int(ms), proxy_connections=proxy.connections)
+      if label == "shakespeare" and base is None:
+        base = row.get("real_tokens_per_s")
       if row.get("real_tokens_per_s") and base:
         row["x_shakespeare"] = round(row["real_tokens_per_s"] / base, 3)
       bench.emit("input", row)
@@ -340,8 +402,9 @@ TABLES = {
     "upload": ["url", "uploaded", "mib", "wall_s", "mib_per_s"],
     "prepare": ["corpus_mib", "processes", "examples", "tokens", "wall_s", "mib_per_s",
                 "tokens_per_s", "peak_tree_mib", "peak_one_mib"],
-    "input": ["corpus", "shard", "batch_size", "batches", "real_tokens_per_s", "x_shakespeare",
-              "efficiency", "startup_s", "reader_peak_rss_mib"],
+    "input": ["corpus", "seq_len", "threads", "latency_ms", "shard", "batch_size", "batches",
+              "real_tokens_per_s", "x_shakespeare", "efficiency", "startup_s",
+              "reader_peak_rss_mib", "proxy_connections"],
     "train": ["corpus", "wall_s", "peak_tree_mib", "peak_one_mib", "ratio_vs_shakespeare"],
     "two": ["corpus", "shard", "batch_size", "batches", "real_tokens_per_s", "efficiency",
             "reader_peak_rss_mib", "peak_tree_mib"],
@@ -356,7 +419,8 @@ def cell(x) -> str:
 
 def tables(bench) -> None:
   print(f"\n`{' '.join(['python'] + sys.argv)}`, {datetime.date.today()}, "
-        f"{os.cpu_count()} cores, {psutil.virtual_memory().total / (1 << 30):.0f} GiB RAM\n")
+        f"{os.cpu_count()} cores, {psutil.virtual_memory().total / (1 << 30):.0f} GiB RAM, "
+        f"load average {bench.load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after\n")
   for part, cols in TABLES.items():
     rows = bench.results.get(part, [])
     if not rows:
@@ -390,12 +454,24 @@ def main():
   p.add_argument("--skip-gcs", action="store_true")
   p.add_argument("--skip-train", action="store_true")
   p.add_argument("--only", choices=PARTS)
+  p.add_argument("--seq-len", type=int, default=128, help="row length of the reading parts")
+  p.add_argument("--doc-paragraphs", type=int, default=1, help="paragraphs per document of "
+                 "the synthetic corpus (1: each paragraph one, ~48 tokens)")
+  p.add_argument("--threads", type=int, nargs="+", default=[0], help="input: grain read "
+                 "threads of the reader (Reading.num_threads; n > 0 reads 2n chunks ahead), "
+                 "a row per value")
+  p.add_argument("--latency-ms", type=float, nargs="+", help="input: read the emulator's "
+                 "dataset through a relay that holds each request this long, a row per value")
+  p.add_argument("--corpora", nargs="+", default=list(CORPORA), choices=CORPORA,
+                 help="input: the datasets read")
   p.add_argument("--reader", help=argparse.SUPPRESS)  # internal: one reader process
+  p.add_argument("--reader-threads", type=int, default=0, help=argparse.SUPPRESS)
   p.add_argument("--shard", default="0/1", help=argparse.SUPPRESS)
   p.add_argument("--batch-size", type=int, default=32, help=argparse.SUPPRESS)
   args = p.parse_args()
   if args.reader:
-    print(json.dumps(read_batches(args.reader, args.shard, args.batch_size, args.batches)))
+    print(json.dumps(read_batches(args.reader, args.shard, args.batch_size, args.batches,
+                                  args.seq_len, args.reader_threads)))
     return
   from jaxencoder.data import builders
   from jaxencoder.tokenizer import default_tokenizer_path
@@ -406,9 +482,9 @@ def main():
   minilm = str(default_tokenizer_path())
   fetch_raw(data)
   started = time.perf_counter()
-  corpus = make_corpus(data, bench.work, args.size_mb)
+  corpus = make_corpus(data, bench.work, args.size_mb, args.doc_paragraphs)
   print(f"corpus {corpus}: {time.perf_counter() - started:.0f} s", flush=True)
-  name, dd = f"corpus_{args.size_mb}mb", bench.work / "data"
+  name, dd = corpus_name(args.size_mb, args.doc_paragraphs).replace("-", "_"), bench.work / "data"
   local = dd / f"tfds/text_corpus/{name}/1.0.0"
   if "prepare" in parts or not (local / "token_ids/manifest.json").exists():
     prepare(bench, corpus, dd, name, minilm)

@@ -2,6 +2,11 @@
 
   .venv/bin/python -m jaxencoder.data fetch shakespeare --data-dir data   # once
   .venv/bin/python bench/packing.py --data-dir data [--preset small --seq-len 128 --batch 16]
+  .venv/bin/python bench/packing.py --data-dir data --seq-len 1024 --batch 32 --compare-packing
+
+--compare-packing times the input pipeline alone, no model: the first --batches batches
+of greedy "pack" and of "best_fit" over the same stream of Shakespeare's stored token
+ids (seed 0), made in this process; their fill (real tokens / slots) and real tokens/s.
 
 Batches come from `mlm_pipeline(mode="pad"|"pack")` and are materialised first, so
 the timed loop is the jitted MLM train step alone (bench/input_pipeline.py times the
@@ -30,7 +35,7 @@ from jaxencoder import EncoderConfig  # noqa: E402
 from jaxencoder.train import optim  # noqa: E402
 from jaxencoder.train import steps  # noqa: E402
 from jaxencoder.tasks import registry  # noqa: E402
-from jaxencoder.data import pipeline  # noqa: E402
+from jaxencoder.data import builders, pipeline, sources  # noqa: E402
 from jaxencoder.data.pipeline import Reading
 from jaxencoder.data.__main__ import shakespeare_source  # noqa: E402
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path  # noqa: E402
@@ -43,6 +48,23 @@ def batches(source, tok, mode, seq_len, batch_size, count):
   ds = pipeline.mlm_pipeline(source, tok, seq_len=seq_len, batch_size=batch_size, mode=mode,
                              read=Reading(seed=0, num_epochs=None, shard_index=0, shard_count=1))
   return [{k: jnp.asarray(b[k]) for k in KEYS} for b in itertools.islice(iter(ds), count)]
+
+
+def compare_packing(data_dir, tok, seq_len, batch_size, count):
+  """A row per packing mode: fill and real tokens made per second over `count` batches."""
+  source = sources.open_source(str(builders.prepare_fetched(
+      "shakespeare", data_dir, default_tokenizer_path())), "train")
+  rows = []
+  for mode in ("pack", "best_fit"):
+    ds = pipeline.mlm_pipeline(source, tok, seq_len=seq_len, batch_size=batch_size, mode=mode,
+                               read=Reading(seed=0, num_epochs=None, shard_index=0,
+                                            shard_count=1))
+    secs, masks = common.timed(
+        lambda: [b["attention_mask"] for b in itertools.islice(iter(ds), count)])
+    real, slots = sum(int(m.sum()) for m in masks), sum(m.size for m in masks)
+    rows.append({"mode": mode, "rows": slots // seq_len, "fill": real / slots,
+                 "seconds": secs, "real_tokens_per_s": real / secs})
+  return rows
 
 
 def make_step(cfg, example, max_predictions):
@@ -67,8 +89,19 @@ def main():
   parser.add_argument("--steps", type=int, default=6, help="timed steps per mode")
   parser.add_argument("--max-predictions", type=int, default=None,
                       help="M gathered per row; default ceil(0.2 * L) (15%% of full rows + slack)")
+  parser.add_argument("--compare-packing", action="store_true",
+                      help="pipeline only: fill and tokens/s of pack vs best_fit")
+  parser.add_argument("--batches", type=int, default=40,
+                      help="batches per mode (--compare-packing)")
   args = parser.parse_args()
   tok = Tokenizer.from_file(default_tokenizer_path())
+  if args.compare_packing:
+    rows = compare_packing(args.data_dir, tok, args.seq_len, args.batch, args.batches)
+    common.print_json({"benchmark": "packing_modes", "date": time.strftime("%Y-%m-%d"),
+                       "machine": common.machine_info(), "load": os.getloadavg(),
+                       "seq_len": args.seq_len, "batch": args.batch, "results": rows})
+    common.print_table(rows, ["mode", "rows", "fill", "seconds", "real_tokens_per_s"])
+    return
   source = shakespeare_source(args.data_dir)
   data = {m: batches(source, tok, m, args.seq_len, args.batch, args.steps + 1)
           for m in ("pad", "pack")}

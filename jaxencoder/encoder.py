@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 from jaxencoder.attention import MultiHeadAttention
 from jaxencoder.config import EncoderConfig
 from jaxencoder.embeddings import Embeddings
-from jaxencoder.flash import AttentionPlan, plan_attention
+from jaxencoder.flash import AttentionPlan, plan_layers
 from jaxencoder.ffn import FeedForward
 from jaxencoder.inputs import check_inputs, check_output_positions
 from jaxencoder.layers import constrain, norm, take_rows
@@ -28,6 +29,10 @@ ENCODER = "encoder"  # where task models and EncoderForMaskedLM hold the Encoder
 EMBEDDINGS = "embeddings"  # the front end: token / patch / series, positions, types
 LAYER_PREFIX = "layers_"  # looped stack: layers_0 ... layers_{N-1}
 SCANNED_LAYERS = "layers"  # scanned stack: one subtree, every leaf with a leading [N] axis
+# How a scanned stack runs (a view of the stored [N] stack, never stored): nn.scan over
+# GROUPS of one period of the layer pattern, slot j of group g being layer g * period + j.
+GROUPS = "groups"
+SLOT_PREFIX = "slot_"
 _LAYER_NAME = re.compile(rf"^{LAYER_PREFIX}(\d+)$")
 
 
@@ -87,12 +92,16 @@ class BlockInputs:
   deterministic: bool = flax.struct.field(pytree_node=False)
   output_attentions: bool = flax.struct.field(pytree_node=False)
   output_hidden_states: bool = flax.struct.field(pytree_node=False)
-  attention: AttentionPlan = flax.struct.field(pytree_node=False,
-                                               default=AttentionPlan("xla"))
+  # One per layer (flash.plan_layers); () runs xla everywhere.
+  plans: tuple[AttentionPlan, ...] = flax.struct.field(pytree_node=False, default=())
   # cfg.global_attention_every > 0: the local layers' mask (mask_Bx1xLxL is the global one).
   local_mask_Bx1xLxL: jax.Array | None = None
   # 1 keeps head h of layer n, 0 zeroes its output before the output projection; None: all.
   head_mask_NxH: jax.Array | None = None
+
+  def plan(self, layer: int | None) -> AttentionPlan:
+    """Layer `layer`'s plan; None (a plain scan, whose layers all share one plan): layer 0's."""
+    return self.plans[layer or 0] if self.plans else AttentionPlan("xla")
 
   def layer_head_mask(self, index):
     """Layer `index`'s row of the head mask [H] (index an int or traced); None without."""
@@ -131,11 +140,14 @@ class EncoderBlock(nn.Module):
   Returns (x, out): out holds this layer's output and attention weights when asked
   (None otherwise), so a scanned stack stacks them along a leading layer axis.
   With `query_rows_BxQ`, only those rows are computed (keys and values still come
-  from every position) and x is [B, Q, D]. Its index (global or local attention, layer
-  0's norm) is `layer` in a looped stack, `scanned_layer` (traced) in a scanned one.
+  from every position) and x is [B, Q, D]. Its index (layer 0's norm, the head mask) is
+  `layer` in a looped stack, `scanned_layer` (traced) in a scanned one. Whether it attends
+  globally or locally, and its attention plan, are static: from `layer`, else from `slot`
+  (its place in one period of the layer pattern, under a scan by period), else traced.
   """
   cfg: EncoderConfig
   layer: int | None = None
+  slot: int | None = None
 
   @nn.compact
   def __call__(self, x_BxLxD, inputs: BlockInputs, query_rows_BxQ=None, scanned_layer=None):
@@ -145,14 +157,15 @@ class EncoderBlock(nn.Module):
     index = self.layer if self.layer is not None else scanned_layer
     if index is None and (cfg.global_attention_every or not cfg.first_attention_norm):
       raise ValueError("this config differs per layer: give EncoderBlock its `layer` index")
-    local = local_layer(cfg, index)
+    static = self.layer if self.layer is not None else self.slot
+    local = local_layer(cfg, index if static is None else static)
     attention = MultiHeadAttention(cfg, name="attention")
     h_BxLxD = self._attention_input(x_BxLxD, index) if pre else x_BxLxD
     h_BxLxD, probs_BxHxLxL = attention(
         h_BxLxD, inputs.layer_mask(local), inputs.bias_BxHxLxL, inputs.key_mask_BxL,
         inputs.positions_BxL, deterministic=inputs.deterministic,
         output_attentions=inputs.output_attentions, query_rows_BxQ=query_rows_BxQ,
-        segment_ids_BxL=inputs.segment_ids_BxL, plan=inputs.attention, local=local,
+        segment_ids_BxL=inputs.segment_ids_BxL, plan=inputs.plan(static), local=local,
         head_mask_H=inputs.layer_head_mask(index))
     if query_rows_BxQ is not None:  # from here on only the Q query rows: [B, Q, D]
       x_BxLxD = take_rows(x_BxLxD, query_rows_BxQ)
@@ -206,33 +219,72 @@ def scanned_blocks(cfg: EncoderConfig, length: int,
                  length=length, metadata_params=_LAYERS_AXIS)
 
 
-def _unstack(stacked: dict[str, Any], n: int) -> list[dict[str, Any]]:
-  return [{k: None if v is None else v[i] for k, v in stacked.items()} for i in range(n)]
+def period_layout(cfg: EncoderConfig, sparse_last: bool) -> tuple[int, int, tuple[int, ...]]:
+  """(period P, groups G, unrolled layers) of a scanned stack run by period: nn.scan over G
+  groups of P layers (P = global_attention_every, else 1), so that each layer's window,
+  RoPE base and attention kernel are static; then the layers left over (N mod P, and
+  the sparse last block) one by one. ModernBERT-base: 22 layers = 7 groups of 3, layer 21."""
+  period = cfg.global_attention_every or 1
+  groups = (cfg.num_layers - sparse_last) // period
+  return period, groups, tuple(range(groups * period, cfg.num_layers))
 
 
-def _split_last_layer(variables):
-  """View of the stored [N] stack as {'scanned': [N-1, ...], 'last': [...]}; slices, so
-  gradients flow back to all N layers. Boxed params lose their 'layers' name in 'last'."""
+def slot_name(j: int) -> str:
+  return f"{SLOT_PREFIX}{j}"
+
+
+def _period_view(variables, *, period: int, groups: int, unrolled: tuple[int, ...]):
+  """View of the stored [N] stack as {'groups': {'slot_j': [G, ...]}, 'layers_i': [...]}:
+  slices, so gradients flow back to all N layers. Boxed params lose their 'layers' name
+  in the unrolled layers."""
   stack = variables["params"]
-  last = nn.meta.remove_axis(jax.tree.map(lambda x: x[-1], stack), 0, _LAYERS_AXIS)
-  return {"params": {"scanned": jax.tree.map(lambda x: x[:-1], stack), "last": last}}
+  view = {layer_name(i): nn.meta.remove_axis(jax.tree.map(lambda x, i=i: x[i], stack), 0,
+                                             _LAYERS_AXIS) for i in unrolled}
+  if groups:
+    view[GROUPS] = {slot_name(j): jax.tree.map(lambda x, j=j: x[j:groups * period:period], stack)
+                    for j in range(period)}
+  return {"params": view}
 
 
-class _ScanThenSparseLast(nn.Module):
-  """The scanned stack with a sparse last block: nn.scan over N-1 blocks, then the last
-  on `rows_BxQ` only. Used under nn.map_variables(_split_last_layer), never at init."""
+class _Period(nn.Module):
+  """One period of the layer pattern: P blocks, slot j static (window, RoPE base, plan),
+  its layer index group * P + j traced. The body of the scan by period."""
   cfg: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, inputs: BlockInputs, group):
+    period, outs = self.cfg.global_attention_every or 1, []
+    for j in range(period):
+      block = block_class(self.cfg, in_scan=True)(self.cfg, slot=j, name=slot_name(j))
+      x_BxLxD, out = block(x_BxLxD, inputs, None, group * period + j)
+      outs.append(out)
+    return x_BxLxD, outs
+
+
+class _PeriodicStack(nn.Module):
+  """The scanned stack run by period (`period_layout`), the last block on `rows_BxQ` only
+  when `sparse_last`. Used under nn.map_variables(_period_view), never at init (which
+  creates the stored [N] layout with one plain scan)."""
+  cfg: EncoderConfig
+  sparse_last: bool
 
   @nn.compact
   def __call__(self, x_BxLxD, inputs: BlockInputs, rows_BxQ):
     cfg, outs = self.cfg, []
-    if cfg.num_layers > 1:
-      x_BxLxD, stacked = scanned_blocks(cfg, cfg.num_layers - 1)(cfg, name="scanned")(
-          x_BxLxD, inputs, None, jnp.arange(cfg.num_layers - 1))
-      outs = _unstack(stacked, cfg.num_layers - 1)
-    x_BxQxD, out = block_class(cfg, in_scan=False)(cfg, cfg.num_layers - 1, name="last")(
-        x_BxLxD, inputs, rows_BxQ)
-    return x_BxQxD, outs + [out]
+    period, groups, unrolled = period_layout(cfg, self.sparse_last)
+    if groups:
+      scan = nn.scan(_Period, variable_axes={"params": 0},
+                     split_rngs={"params": True, "dropout": True},
+                     in_axes=(nn.broadcast, 0), length=groups, metadata_params=_LAYERS_AXIS)
+      x_BxLxD, stacked = scan(cfg, name=GROUPS)(x_BxLxD, inputs, jnp.arange(groups))
+      outs = [{k: None if v is None else v[g] for k, v in stacked[j].items()}
+              for g in range(groups) for j in range(period)]
+    for i in unrolled:
+      rows = rows_BxQ if self.sparse_last and i == cfg.num_layers - 1 else None
+      x_BxLxD, out = block_class(cfg, in_scan=False)(cfg, i, name=layer_name(i))(
+          x_BxLxD, inputs, rows)
+      outs.append(out)
+    return x_BxLxD, outs
 
 
 class Encoder(nn.Module):
@@ -282,13 +334,17 @@ class Encoder(nn.Module):
     if sparse_last:
       rows_BxQ = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions], 1)
     mixed = cfg.global_attention_every > 0  # global and local layers
-    plan = plan_attention(
-        cfg, output_attentions=output_attentions, sparse_queries=sparse_last,
-        dropout_active=not deterministic and cfg.attention_dropout_rate > 0,
-        has_bias=cfg.position_embedding == "relative", per_layer_window=mixed and cfg.scan_layers)
+    if self.is_initializing() and mixed and cfg.scan_layers:
+      plans = ()  # one plain scan (its layer kinds traced) creates the params: xla
+    else:
+      plans = plan_layers(
+          cfg, output_attentions=output_attentions, sparse_last=sparse_last,
+          dropout_active=not deterministic and cfg.attention_dropout_rate > 0,
+          has_bias=cfg.position_embedding == "relative")
     mask_Bx1xLxL = local_mask_Bx1xLxL = None  # flash kernels take padding as lengths or
     #                                           segment ids instead
-    if plan.needs_dense_mask or (plan.impl == "cudnn" and segment_ids is not None):
+    if not plans or any(p.needs_dense_mask or (p.impl == "cudnn" and segment_ids is not None)
+                        for p in plans):
       mask_Bx1xLxL = make_attention_mask(mask_BxL, segment_ids, causal=cfg.causal,
                                          sliding_window=None if mixed else cfg.sliding_window)
       if mixed:
@@ -300,7 +356,7 @@ class Encoder(nn.Module):
 
     block_inputs = BlockInputs(mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL,
                                segment_ids, deterministic, output_attentions,
-                               output_hidden_states, plan, local_mask_Bx1xLxL, head_mask)
+                               output_hidden_states, plans, local_mask_Bx1xLxL, head_mask)
     last_BxLxD, layer_outs = self._stack(x_BxLxD, block_inputs, rows_BxQ)
     if cfg.norm_position == "pre":
       last_BxLxD = norm(cfg, name="final_norm")(last_BxLxD)
@@ -319,8 +375,9 @@ class Encoder(nn.Module):
              last_rows_BxQ=None) -> tuple[jax.Array, list[dict[str, Any]]]:
     """Runs the N blocks (loop or nn.scan); returns x and each layer's intermediates.
 
-    `last_rows_BxQ`: the last block computes just those rows. The scanned stack then
-    scans N-1 layers and runs the last alone, on a view of the same [N] params.
+    `last_rows_BxQ`: the last block computes just those rows. A scanned stack of global
+    and local layers, or with a sparse last block, runs by period (`period_layout`) on a
+    view of the same stored [N] params; init and a uniform stack run one plain scan.
     """
     cfg = self.cfg
     if not cfg.scan_layers:
@@ -330,9 +387,13 @@ class Encoder(nn.Module):
         x_BxLxD, out = block(cfg, i, name=layer_name(i))(x_BxLxD, inputs, rows)
         outs.append(out)
       return x_BxLxD, outs
-    if last_rows_BxQ is not None:
-      sparse = nn.map_variables(_ScanThenSparseLast, "params", trans_in_fn=_split_last_layer)
-      return sparse(cfg, name=SCANNED_LAYERS)(x_BxLxD, inputs, last_rows_BxQ)
+    sparse_last = last_rows_BxQ is not None
+    if sparse_last or (cfg.global_attention_every and not self.is_initializing()):
+      period, groups, unrolled = period_layout(cfg, sparse_last)
+      view = functools.partial(_period_view, period=period, groups=groups, unrolled=unrolled)
+      stack = nn.map_variables(_PeriodicStack, "params", trans_in_fn=view)
+      return stack(cfg, sparse_last, name=SCANNED_LAYERS)(x_BxLxD, inputs, last_rows_BxQ)
     x_BxLxD, stacked = scanned_blocks(cfg, cfg.num_layers)(cfg, name=SCANNED_LAYERS)(
         x_BxLxD, inputs, None, jnp.arange(cfg.num_layers))
-    return x_BxLxD, _unstack(stacked, cfg.num_layers)
+    return x_BxLxD, [{k: None if v is None else v[i] for k, v in stacked.items()}
+                     for i in range(cfg.num_layers)]

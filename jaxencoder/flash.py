@@ -11,17 +11,22 @@
   masked blocks it skips. Off TPU it runs in Pallas interpret mode (slow: for tests).
 
 `plan_attention` picks the implementation for one call from the config, the target (the
-platform of the mesh being compiled for, else the default backend) and what the call needs; a kernel that cannot serve the call falls back to `xla` with one
-logged line that says why.
+platform of the mesh being compiled for, else the default backend) and what the call
+needs; a kernel that cannot serve the call falls back to `xla` with one logged line that
+says why and names the config key to change. `plan_layers` plans every layer of a stack
+(a global layer, a local one and the sparse last block may each get their own) and logs
+one line per reason, naming its layers; `recorded_plans` collects those per-layer plans
+while a step is traced (the compile report reads them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -36,13 +41,17 @@ log = logging.getLogger(__name__)
 AUTO_KERNEL = {"gpu": "cudnn", "tpu": "splash"}  # backend -> what `auto` runs; else xla
 SPLASH_BLOCK = 128  # splash's minimum block (one TPU lane width); lengths pad to it
 _explained: set[str] = set()
+_recorders: list[list[tuple["AttentionPlan", ...]]] = []  # open `recorded_plans` blocks
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionPlan:
-  """What one attention call runs. `interpret`: splash in Pallas interpret mode."""
+  """What one attention call runs. `interpret`: splash in Pallas interpret mode.
+  `fallback`: why the kernel `wanted` could not serve the call (then impl is xla)."""
   impl: str  # xla | fused | linear | cudnn | splash
   interpret: bool = False
+  fallback: str | None = None
+  wanted: str | None = None
 
   @property
   def needs_dense_mask(self) -> bool:
@@ -62,18 +71,20 @@ class Implementation:
   decode: bool = False  # attention over a key/value cache
   sparse_causal: bool = False  # a causal / window mask on gathered query rows
   backends: tuple[str, ...] = ()  # where it runs natively; () = anywhere
-  check: Callable[[EncoderConfig, str], str | None] | None = None  # its own limits
+  # Its own limits: (cfg, backend, window of this layer or None) -> the obstacle or None.
+  check: Callable[[EncoderConfig, str, int | None], str | None] | None = None
   same_math: bool = True  # computes softmax attention (so xla can stand in for it)
 
 
-def _cudnn_obstacle(cfg: EncoderConfig, backend: str) -> str | None:
+def _cudnn_obstacle(cfg: EncoderConfig, backend: str, window: int | None) -> str | None:
   if cfg.dtype == "float32":
-    return "compute dtype is float32 (cuDNN flash attention needs bfloat16 or float16)"
+    return ("compute dtype is float32 (cuDNN flash attention needs bfloat16 or float16: "
+            "set model.dtype='bfloat16')")
   head_dim, limit = cfg.resolved_head_dim, max_cudnn_head_dim()
   if head_dim % 8 or head_dim > limit:
-    return f"head_dim={head_dim} (cuDNN needs a multiple of 8, at most {limit})"
-  if cfg.sliding_window is not None and not cfg.causal:
-    return "a two-sided sliding window (cuDNN windows are causal only)"
+    return f"head_dim={head_dim} (cuDNN needs a multiple of 8, at most {limit}: model.head_dim)"
+  if window is not None and not cfg.causal:
+    return "a two-sided sliding window (cuDNN windows are causal only: model.sliding_window)"
   return None
 
 
@@ -89,14 +100,18 @@ IMPLEMENTATIONS = {impl.name: impl for impl in (
     Implementation("splash", dense_mask=False, bias=False, backends=("tpu",)),
 )}
 # What a call needs -> the reason a kernel that lacks it cannot serve the call.
-_NEEDS = (("weights", "attention weights were requested"),
-          ("dropout", "attention dropout is on (the kernel has none)"),
-          ("bias", "relative position bias (the kernel takes no bias)"),
-          ("per_layer_window", "a per-layer window under nn.scan (the kernel's windows are "
-                               "static: use scan_layers=False to keep it)"),
+# Each reason names what to change where a config key decides it.
+_NEEDS = (("weights", "attention weights were requested (output_attentions=True)"),
+          ("dropout", "attention dropout is on (the kernel has none: set "
+                      "model.attention_dropout_rate=0)"),
+          ("bias", "relative position bias (the kernel takes no bias: "
+                   "model.position_embedding='relative')"),
+          ("per_layer_window", "a per-layer window traced under nn.scan (the kernel's windows "
+                               "are static)"),
           ("cross", "cross-attention"),
           ("decode", "attention over a key/value cache"),
-          ("sparse_causal", "a causal or windowed mask on a sparse set of query rows"))
+          ("sparse_causal", "a causal or windowed mask on a sparse set of query rows (the "
+                            "sparse MLM last block: max_predictions=0 computes every row)"))
 
 
 def _explain_once(message: str) -> None:
@@ -130,39 +145,100 @@ def max_cudnn_head_dim() -> int:
 def plan_attention(cfg: EncoderConfig, *, output_attentions: bool = False,
                    dropout_active: bool = False, has_bias: bool = False,
                    sparse_queries: bool = False, per_layer_window: bool = False,
-                   cross: bool = False, decode: bool = False,
-                   backend: str | None = None) -> AttentionPlan:
+                   cross: bool = False, decode: bool = False, local: bool | None = None,
+                   backend: str | None = None, explain: bool = True) -> AttentionPlan:
   """The implementation for one call, decided here once from every fact about it; a
-  requested kernel that cannot serve the call runs xla, with one logged line per reason.
+  requested kernel that cannot serve the call runs xla (`fallback` says why; logged once
+  when `explain`).
 
   `sparse_queries`: queries are a gathered subset of rows (the sparse last block), so
   query i is not key i and a causal / window mask cannot be a kernel's static one.
-  `per_layer_window`: a scanned stack of global and local layers (the window is traced).
+  `local`: None (no per-layer pattern: `cfg.sliding_window` holds everywhere), True (a
+  local layer: the window) or False (a global layer: no window).
+  `per_layer_window`: whether the layer is local is traced (a scan over mixed layers).
   """
   backend = backend or target_backend()
   name = cfg.attention_impl
   if name == "auto":
     name = AUTO_KERNEL.get(backend, "xla")
   impl = IMPLEMENTATIONS[name]
+  window = None if local is False else cfg.sliding_window
   needs = {"weights": output_attentions, "dropout": dropout_active, "bias": has_bias,
            "per_layer_window": per_layer_window, "cross": cross, "decode": decode,
-           "sparse_causal": sparse_queries and (cfg.causal or cfg.sliding_window is not None)}
+           "sparse_causal": sparse_queries and (cfg.causal or window is not None)}
   obstacle = next((why for need, why in _NEEDS if needs[need] and not getattr(impl, need)), None)
   if obstacle is None and impl.backends == ("gpu",) and backend != "gpu":
     obstacle = f"there is no GPU (backend {backend!r})"
   if obstacle is None and impl.check is not None:
-    obstacle = impl.check(cfg, backend)
+    obstacle = impl.check(cfg, backend, window)
   if obstacle and not impl.same_math:  # another model, not a faster softmax: no stand-in
     raise ValueError(f"attention_impl={name!r} cannot serve this call: {obstacle}")
   if obstacle:
-    _explain_once(f"attention_impl={cfg.attention_impl!r}: {name} cannot run this call "
-                  f"({obstacle}); using xla")
-    return AttentionPlan("xla")
+    if explain:
+      _explain_once(f"attention_impl={cfg.attention_impl!r}: {name} cannot run this call "
+                    f"({obstacle}); using xla")
+    return AttentionPlan("xla", fallback=obstacle, wanted=name)
   if impl.backends and backend not in impl.backends:  # splash: interpreted elsewhere
-    _explain_once(f"attention_impl={cfg.attention_impl!r}: {name} on {backend} runs in "
-                  "Pallas interpret mode (slow; meant for tests)")
+    if explain:
+      _explain_once(f"attention_impl={cfg.attention_impl!r}: {name} on {backend} runs in "
+                    "Pallas interpret mode (slow; meant for tests)")
     return AttentionPlan(name, interpret=True)
   return AttentionPlan(name)
+
+
+def plan_layers(cfg: EncoderConfig, *, sparse_last: bool = False,
+                **facts) -> tuple[AttentionPlan, ...]:
+  """One plan per layer of an encoder stack: a global layer, a local one (its window) and
+  the sparse last block (`sparse_last`: gathered query rows) are each planned for what they
+  need, so a layer the kernel cannot serve falls back alone. One logged line per reason
+  names its layers. `facts`: plan_attention's other keywords."""
+  every = cfg.global_attention_every
+  plans = tuple(plan_attention(cfg, local=(i % every != 0) if every else None, explain=False,
+                               sparse_queries=sparse_last and i == cfg.num_layers - 1, **facts)
+                for i in range(cfg.num_layers))
+  for message in fallback_lines(cfg, plans):
+    _explain_once(message)
+  for recorder in _recorders:
+    recorder.append(plans)
+  return plans
+
+
+def layer_ranges(layers: list[int]) -> str:
+  """'0-20, 21' style: consecutive runs of layer indices."""
+  runs, start = [], None
+  for i, n in enumerate(layers):
+    start = n if start is None else start
+    if i + 1 == len(layers) or layers[i + 1] != n + 1:
+      runs.append(str(start) if start == n else f"{start}-{n}")
+      start = None
+  return ", ".join(runs)
+
+
+def fallbacks(plans: tuple[AttentionPlan, ...]) -> dict[tuple[str, str], list[int]]:
+  """{(kernel, why it could not serve them): the layers concerned}, in layer order."""
+  out: dict[tuple[str, str], list[int]] = {}
+  for i, plan in enumerate(plans):
+    if plan.fallback:
+      out.setdefault((plan.wanted, plan.fallback), []).append(i)
+  return out
+
+
+def fallback_lines(cfg: EncoderConfig, plans: tuple[AttentionPlan, ...]) -> list[str]:
+  """One line per reason some layers run xla instead of the requested kernel."""
+  return [f"attention_impl={cfg.attention_impl!r}: {kernel} cannot run layers "
+          f"{layer_ranges(layers)} of {len(plans)} ({why}); using xla"
+          for (kernel, why), layers in fallbacks(plans).items()]
+
+
+@contextlib.contextmanager
+def recorded_plans() -> Iterator[list[tuple[AttentionPlan, ...]]]:
+  """Collects the per-layer plans (`plan_layers`) of every stack traced inside the block."""
+  plans: list[tuple[AttentionPlan, ...]] = []
+  _recorders.append(plans)
+  try:
+    yield plans
+  finally:
+    _recorders.remove(plans)
 
 
 # ---------------------------------------------------------------- cuDNN

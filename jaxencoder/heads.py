@@ -6,6 +6,7 @@ Heads are separate modules so a checkpoint's encoder can meet a new head.
 
 from __future__ import annotations
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -17,25 +18,47 @@ from jaxencoder.ffn import ACTIVATIONS
 from jaxencoder.layers import dense, dtype_of, norm, take_rows, zeros_init
 
 
+def vocab_logits(h_BxLxE: jax.Array, table_VxE: jax.Array, bias_V: jax.Array) -> jax.Array:
+  """Logits [B, L, V] (float32) of hidden states [B, L, E] against the tied token table +
+  bias: MlmHead's one vocabulary projection, of all its rows or of a chunk of them."""
+  logits_BxLxV = jnp.einsum("ble,ve->blv", h_BxLxE, table_VxE.astype(h_BxLxE.dtype),
+                            preferred_element_type=jnp.float32)
+  return logits_BxLxV + bias_V[None, None, :]
+
+
+@flax.struct.dataclass
+class VocabProjection:
+  """MlmHead's output before the vocabulary: what `vocab_logits` projects. A pytree, so
+  a loss can project it a chunk at a time (tasks/base.chunked_weighted_ce) and never
+  hold all the [B, L, V] logits and their gradient."""
+  hidden_BxLxE: jax.Array  # after the head's dense + act + norm
+  table_VxE: jax.Array  # the tied token embedding
+  bias_V: jax.Array
+
+  def logits(self) -> jax.Array:
+    return vocab_logits(self.hidden_BxLxE, self.table_VxE, self.bias_V)
+
+
 class MlmHead(nn.Module):
   """BERT's MLM head: dense + act + norm, then logits against the tied embedding + bias."""
   cfg: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, embedding_VxD, masked_positions_BxM=None):
-    """Logits [B, L, V], or [B, M, V] at `masked_positions_BxM` only."""
+  def __call__(self, x_BxLxD, embedding_VxD, masked_positions_BxM=None, *,
+               project: bool = True):
+    """Logits [B, L, V], or [B, M, V] at `masked_positions_BxM` only; project=False:
+    the VocabProjection they come from (the same params, no logits computed)."""
     cfg = self.cfg
     if masked_positions_BxM is not None:
       x_BxLxD = take_rows(x_BxLxD, masked_positions_BxM)
     act = ACTIVATIONS["gelu" if cfg.activation in ("swiglu", "geglu") else cfg.activation]
     width = embedding_VxD.shape[-1]  # emb_dim, or embedding_dim (ELECTRA's E)
-    h_BxLxD = act(dense(cfg, width, kernel_axes=("embed", None), name="transform")(x_BxLxD))
-    h_BxLxD = norm(cfg, name="norm")(h_BxLxD)
+    h_BxLxE = act(dense(cfg, width, kernel_axes=("embed", None), name="transform")(x_BxLxD))
+    h_BxLxE = norm(cfg, name="norm")(h_BxLxE)
     bias_V = self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,),
                         dtype_of(cfg.param_dtype))
-    logits_BxLxV = jnp.einsum("bld,vd->blv", h_BxLxD, embedding_VxD.astype(h_BxLxD.dtype),
-                              preferred_element_type=jnp.float32)
-    return logits_BxLxV + bias_V[None, None, :]
+    projection = VocabProjection(h_BxLxE, embedding_VxD, bias_V)
+    return projection.logits() if project else projection
 
 
 class EncoderForMaskedLM(nn.Module):
@@ -44,7 +67,8 @@ class EncoderForMaskedLM(nn.Module):
   Returns (logits, EncoderOutput); logits are [B, M, V] when `masked_positions`
   [B, M] are given, which skips the vocabulary projection (and most of the last
   block, see Encoder's `output_positions`) elsewhere; the EncoderOutput's
-  last_hidden_state is then [B, M, D] too.
+  last_hidden_state is then [B, M, D] too. project=False: the head's VocabProjection
+  in place of the logits (a loss that projects it in chunks).
   """
   cfg: EncoderConfig
 
@@ -55,7 +79,7 @@ class EncoderForMaskedLM(nn.Module):
   def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
                positions=None, masked_positions=None, *, deterministic: bool = True,
                output_hidden_states: bool = False, output_attentions: bool = False,
-               head_mask=None):
+               head_mask=None, project: bool = True):
     out: EncoderOutput = self.encoder(
         inputs, attention_mask, token_type_ids, segment_ids, positions,
         deterministic=deterministic, output_hidden_states=output_hidden_states,
@@ -63,14 +87,15 @@ class EncoderForMaskedLM(nn.Module):
         head_mask=head_mask)
     table = self.encoder.variables["params"][EMBEDDINGS]["token_embed"]["embedding"]
     embedding_VxD = nn.meta.unbox(table)
-    return self.mlm_head(out.last_hidden_state, embedding_VxD), out
+    return self.mlm_head(out.last_hidden_state, embedding_VxD, project=project), out
 
 
 class EncoderForPreTraining(nn.Module):
   """BERT's pre-training model: EncoderForMaskedLM plus a 2-way sentence-pair head (next
   sentence or sentence order) on the pooled [CLS] vector (BERT pools with pooler_dense).
 
-  Returns (MLM logits [B, M or L, V], pair logits [B, 2], EncoderOutput).
+  Returns (MLM logits [B, M or L, V], pair logits [B, 2], EncoderOutput); project=False:
+  the MLM head's VocabProjection in place of its logits.
   """
   cfg: EncoderConfig
 
@@ -80,13 +105,14 @@ class EncoderForPreTraining(nn.Module):
     self.pair_head = SequenceClassificationHead(self.cfg, 2)
 
   def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
-               positions=None, masked_positions=None, *, deterministic: bool = True):
+               positions=None, masked_positions=None, *, deterministic: bool = True,
+               project: bool = True):
     out: EncoderOutput = self.encoder(
         inputs, attention_mask, token_type_ids, segment_ids, positions,
         deterministic=deterministic, output_positions=masked_positions)
     table = self.encoder.variables["params"][EMBEDDINGS]["token_embed"]["embedding"]
-    mlm_logits = self.mlm_head(out.last_hidden_state, nn.meta.unbox(table))
-    return mlm_logits, self.pair_head(out.pooled, deterministic=deterministic), out
+    mlm = self.mlm_head(out.last_hidden_state, nn.meta.unbox(table), project=project)
+    return mlm, self.pair_head(out.pooled, deterministic=deterministic), out
 
 
 class SequenceClassificationHead(nn.Module):

@@ -198,6 +198,45 @@ def test_a_batch_too_large_for_the_chip_exits_1_with_one_line(capsys):
   assert report["max_batch"] == 0  # searched on a miss: not even 4 rows (one a chip) fit
 
 
+# ---------------------------------------------------------------- the kernel per step
+MODERN = ["model.num_layers=4", "model.emb_dim=256", "model.num_heads=2",
+          "model.mlp_dim=512", "model.position_embedding=rope", "model.rope_base=160000.0",
+          "model.local_rope_base=10000.0", "model.global_attention_every=3",
+          "model.sliding_window=64", "model.activation=geglu", "model.norm_position=pre",
+          "model.first_attention_norm=False", "model.use_bias=False", "model.norm_bias=False",
+          "model.type_vocab_size=0", "model.scan_layers=True", "model.remat_policy=save_dots",
+          "model.family=modernbert", "data.seq_len=256", "max_predictions=-1",
+          "data.mask_rate=0.3"]
+
+
+@pytest.mark.slow
+def test_every_layer_of_the_scanned_mixed_stack_runs_splash_in_the_train_step():
+  """A scanned global/local stack (one period of 3 layers scanned, layer 3 unrolled, the
+  sparse MLM last block) compiled for v5e: the train step's backward holds one splash dq
+  call per layer, so no layer computed dense [L, L] scores; the eval step as well."""
+  with jax.default_matmul_precision("default"):
+    report = compile_config(small_config(*MODERN), parse_target("v5e:2x2"))
+  for name in ("train", "eval"):
+    attention = report["steps"][name]["attention"]
+    assert (attention["impl"], attention["layers_on_kernel"], attention["fallbacks"]) == (
+        "splash", 4, []), (name, attention)
+
+
+@pytest.mark.slow
+def test_the_report_names_the_step_a_kernel_misses_and_the_key_to_change(capsys):
+  """Attention dropout keeps splash out of the train step only: the eval step's count
+  must not hide it, and the line names model.attention_dropout_rate."""
+  with jax.default_matmul_precision("default"):
+    main(["--config", "configs/mlm_tiny.py", "--topology", "v5e:2x2", "--steps", "train,eval",
+          *(f"--config.{o}" for o in SMALL), "--config.model.attention_dropout_rate=0.1",
+          "--config.model.num_layers=2"])  # fits: returns, no SystemExit
+  out = capsys.readouterr().out
+  assert "attention, train step: xla in 0 of 2 layers" in out
+  assert "attention, eval step: splash in 2 of 2 layers" in out
+  assert ("layers 0-1 run xla: splash cannot serve them (attention dropout is on (the kernel "
+          "has none: set model.attention_dropout_rate=0))") in out
+
+
 # ---------------------------------------------------------------- the HLO reader
 LOOP_HLO = """HloModule m, entry_computation_layout={()->f32[]}
 

@@ -140,7 +140,7 @@ def test_an_index_past_the_split_is_an_index_error(sharded):
     stored.rows([3, 120], 16, 0)
 
 
-@pytest.mark.parametrize("mode", ["pad", "pack"])
+@pytest.mark.parametrize("mode", ["pad", "pack", "best_fit"])
 def test_sharded_ids_give_the_mlm_batches_of_tokenising(sharded, mode):
   _, source = sharded
   def batches(use_stored_ids):
@@ -436,7 +436,7 @@ def _mixed_batches(mix, n, *, batch_size=8, mode="pad", mask=None, use_stored_id
                                      read=read), n)
 
 
-@pytest.mark.parametrize("mode", ["pad", "pack"])
+@pytest.mark.parametrize("mode", ["pad", "pack", "best_fit"])
 def test_mixture_batches_from_stored_ids_equal_tokenising(mixed, mode):
   _assert_batches_equal(_mixed_batches(mixed, 6, mode=mode),
                         _mixed_batches(mixed, 6, mode=mode, use_stored_ids=False))
@@ -457,7 +457,7 @@ def test_mixture_batch_rows_are_the_picked_examples_tokenised(mixed):
   assert members == {0, 1}
 
 
-@pytest.mark.parametrize("mode", ["pad", "pack"])
+@pytest.mark.parametrize("mode", ["pad", "pack", "best_fit"])
 def test_a_resumed_mixture_pipeline_goes_on_exactly(mixed, mode):
   whole = _mixed_batches(mixed, 7, mode=mode)
   read = Reading(seed=3, num_epochs=None, **ONE)

@@ -16,7 +16,7 @@ def _mlm(source, *, mode="pad", batch_size=4, **reading):
                                mode=mode, read=read)
 
 
-@pytest.mark.parametrize("mode", ["pad", "pack"])
+@pytest.mark.parametrize("mode", ["pad", "pack", "best_fit"])
 def test_mlm_batches_have_static_shapes_and_documented_keys(mode):
   batches = list(_mlm(sentences(37), mode=mode))
   keys = {"input_ids", "token_type_ids", "attention_mask", "segment_ids", "positions",
@@ -54,7 +54,7 @@ def test_shuffle_is_deterministic_by_seed():
   assert a != list(range(30))
 
 
-@pytest.mark.parametrize("mode", ["pad", "pack"])
+@pytest.mark.parametrize("mode", ["pad", "pack", "best_fit"])
 def test_checkpointed_iterator_resumes_with_identical_batches(mode):
   ds = _mlm(sentences(60), mode=mode, num_epochs=None)
   it = iter(ds)

@@ -218,7 +218,7 @@ def test_the_implementation_table_holds_every_attention_impl_once():
 
 
 @pytest.mark.parametrize("facts, reason", [
-    (dict(per_layer_window=True), "per-layer window under nn.scan"),
+    (dict(per_layer_window=True), "per-layer window traced under nn.scan"),
     (dict(cross=True), "cross-attention"),
     (dict(decode=True), "key/value cache"),
     (dict(output_attentions=True), "attention weights"),
@@ -226,7 +226,8 @@ def test_the_implementation_table_holds_every_attention_impl_once():
 def test_a_kernel_that_cannot_serve_a_call_runs_xla_decided_in_one_place(facts, reason, caplog):
   cfg = tiny_config(attention_impl="splash", dtype="bfloat16")
   with caplog.at_level("WARNING"):
-    assert flash.plan_attention(cfg, backend="tpu", **facts) == flash.AttentionPlan("xla")
+    plan = flash.plan_attention(cfg, backend="tpu", **facts)
+  assert (plan.impl, plan.wanted) == ("xla", "splash") and reason in plan.fallback
   flash._explained.clear()
   assert flash.plan_attention(cfg, backend="tpu") == flash.AttentionPlan("splash")
 

@@ -157,7 +157,7 @@ def _assert_same(a, b):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["pad", "pack"])
+@pytest.mark.parametrize("mode", ["pad", "pack", "best_fit"])
 def test_workers_make_the_same_batches_and_resume_exactly(tmp_path, mode):
   source = _prepared(tmp_path, _vocab_file(tmp_path))
   def make(workers):

@@ -280,8 +280,8 @@ def hf_model(torch, transformers, masked_lm: bool):
   return model
 
 
-def padded_batch():
-  ids_BxL = np.random.RandomState(0).randint(3, 211, (3, 20))
+def padded_batch(vocab: int = 211):
+  ids_BxL = np.random.RandomState(0).randint(3, vocab, (3, 20))
   mask_BxL = np.ones_like(ids_BxL)
   for row, length in ((1, 13), (2, 6)):
     mask_BxL[row, length:], ids_BxL[row, length:] = 0, 0
@@ -370,6 +370,41 @@ def test_live_a_jaxencoder_trained_model_saves_as_a_matching_transformers_model(
   to_torch = max_real_diff(torch_run(torch, model, ids_BxL, mask_BxL), logits, mask_BxL)
   print(f"jaxencoder-initialised ModernBERT MLM -> transformers: logits max-abs {to_torch:.2e}")
   assert to_torch < 1e-4
+
+
+@pytest.mark.slow
+def test_live_configs_modernbert_base_cpu_run_converts_to_transformers_with_its_logits(
+    torch_transformers, tmp_path):
+  """configs/modernbert_base.py:cpu (scanned by period, best-fit packed, WSD, 30% masking,
+  MiniLM's vocabulary) trains 4 steps from train.py's loop; `jaxencoder-convert` makes a
+  ModernBertForMaskedLM whose logits are the run's own model's on a padded batch. A corpus
+  made here stands in for Shakespeare (no fetch); everything else is the recipe."""
+  torch, transformers = torch_transformers
+  import train_helpers as th
+  from jaxencoder.pretrained.__main__ import main as convert_main
+  from jaxencoder.train.__main__ import load_config
+  from jaxencoder.train.config import apply_overrides, encoder_config
+  from jaxencoder.train.loop import train_and_evaluate
+  config = load_config(str(pathlib.Path(__file__).parents[1] / "configs" /
+                           "modernbert_base.py") + ":cpu")
+  assert config.model.scan_layers and config.data.packing == "best_fit"
+  source = th.text_corpus(tmp_path, docs=600)
+  apply_overrides(config, [f"data.source={source}", f"data.data_dir={tmp_path}",
+                           "num_train_steps=4", "eval_every=4", "checkpoint_every=4",
+                           "log_every=2", "progress_bar=false"])
+  train_and_evaluate(config, tmp_path / "run")
+  convert_main(["--from", str(tmp_path / "run"), "--to", str(tmp_path / "hf")])
+  model = transformers.ModernBertForMaskedLM.from_pretrained(
+      tmp_path / "hf", attn_implementation="eager").eval()
+  cfg = encoder_config(config)
+  ids_BxL, mask_BxL = padded_batch(cfg.vocab_size)
+  params = nn.meta.unbox(th.final_params(config, tmp_path / "run"))
+  assert "layers" in params["encoder"]  # the scanned layout
+  logits, _ = EncoderForMaskedLM(cfg).apply({"params": params}, jnp.asarray(ids_BxL),
+                                            jnp.asarray(mask_BxL))
+  error = max_real_diff(torch_run(torch, model, ids_BxL, mask_BxL), logits, mask_BxL)
+  print(f"configs/modernbert_base.py:cpu run -> transformers: logits max-abs {error:.2e}")
+  assert error < 1e-4
 
 
 # ------------------------------------------------------------------ trained here, exported

@@ -167,10 +167,11 @@ def pair_config(root, task="mlm_sop", **fields):
   return config
 
 
-def test_packing_sentence_pairs_is_refused(tmp_path):
+@pytest.mark.parametrize("mode", ["pack", "best_fit"])
+def test_packing_sentence_pairs_is_refused(tmp_path, mode):
   config = pair_config(tmp_path)
-  config.data.packing = "pack"
-  with pytest.raises(ValueError, match="one sentence pair per row.*packing='pack'"):
+  config.data.packing = mode
+  with pytest.raises(ValueError, match=f"one sentence pair per row.*packing='{mode}'"):
     make_pipelines(finalize(config))
 
 

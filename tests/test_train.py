@@ -112,13 +112,15 @@ def test_rerun_resumes_and_matches_an_uninterrupted_run(corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_with_data_workers_resumes_to_the_params_of_a_run_without(corpus, tmp_path):
+@pytest.mark.parametrize("packing", ["pack", "best_fit"])
+def test_a_run_with_data_workers_resumes_to_the_params_of_a_run_without(corpus, tmp_path,
+                                                                         packing):
   """2 grain worker processes, stopped at step 3 and resumed: the same batches, losses and
   params as 8 steps made in the trainer's process (packed: the stateful path)."""
   root, source, vocab = corpus
   config = th.tiny_config(root, source, vocab)
   config.num_train_steps, config.optim.total_steps = 8, 8
-  config.data.packing = "pack"
+  config.data.packing = packing
   config.data.workers = 0
   train_and_evaluate(config, tmp_path / "straight")
   config.data.workers = 2

@@ -9,12 +9,17 @@ Each family directory is what save_pretrained writes (config.json, model.safeten
 plus reference.npz: the inputs (input_ids, attention_mask [B, L] int32 with right
 padding in rows 1 and 2, token_type_ids for ELECTRA; pixel_values [B, C, H, W] float32
 for ViT) and the model's float32 outputs in eval mode: last_hidden_state [B, L, D]
-(padding rows included) and pooler_output [B, D] where the model has a pooler.
+(padding rows included), pooler_output [B, D] where the model has a pooler, and logits
+[B, L, V] for a masked LM (last_hidden_state is then its base model's).
 
 Every parameter (LayerNorm scales and biases too) gets N(0, NOISE) added after init, so
 that no tensor is the identity or zero and a misplaced one changes the outputs.
 ModernBERT: 3 layers, layer 0 global and 1, 2 local (|i - j| <= 3) with their own RoPE
 bases; its sequences (20 tokens) are longer than the window.
+modernbert_base_shape: ModernBERT-base's pattern at a tiny width, as a masked LM: 22
+layers, global every 3rd (0, 3, ..., 21: 7 periods of 3 and layer 21 left over), the
+published RoPE bases (160k global, 10k local), no biases, a window (|i - j| <= 3) the
+20-token rows exceed; 16 wide, 2 heads of 8, GeGLU 24, vocabulary 211 (~300 KB in all).
 """
 
 from __future__ import annotations
@@ -33,10 +38,10 @@ VOCAB = 64
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
 
-def text_inputs(pad_id: int, types: bool) -> dict[str, np.ndarray]:
+def text_inputs(pad_id: int, types: bool, vocab: int = VOCAB) -> dict[str, np.ndarray]:
   """Random ids (never a special id 0..3) right-padded with `pad_id`; pair-style types."""
   rng = np.random.RandomState(0)
-  ids_BxL = rng.randint(4, VOCAB, (BATCH, SEQ_LEN))
+  ids_BxL = rng.randint(4, vocab, (BATCH, SEQ_LEN))
   mask_BxL = np.zeros_like(ids_BxL)
   for row, length in enumerate(LENGTHS):
     mask_BxL[row, :length] = 1
@@ -72,12 +77,32 @@ def family_model(family: str) -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
         hidden_activation="gelu", pad_token_id=0, bos_token_id=1, eos_token_id=2,
         cls_token_id=1, sep_token_id=2, attn_implementation="eager")
     return t.ModernBertModel(config), text_inputs(pad_id=0, types=False)
+  if family == "modernbert_base_shape":  # ModernBertConfig's defaults are base's: no biases
+    config = t.ModernBertConfig(
+        vocab_size=211, hidden_size=16, intermediate_size=24, num_hidden_layers=22,
+        num_attention_heads=2, local_attention=6, global_attn_every_n_layers=3,
+        global_rope_theta=160_000.0, local_rope_theta=10_000.0, max_position_embeddings=64,
+        hidden_activation="gelu", pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        cls_token_id=1, sep_token_id=2, attn_implementation="eager")
+    return t.ModernBertForMaskedLM(config), text_inputs(pad_id=0, types=False, vocab=211)
   if family == "vit":  # a 4 x 3 patch grid (non-square) + [CLS]
     config = t.ViTConfig(image_size=[32, 24], patch_size=8, num_channels=3, **SMALL)
     rng = np.random.RandomState(0)
     pixels_BxCxHxW = rng.uniform(-1, 1, (BATCH, 3, 32, 24)).astype(np.float32)
     return t.ViTModel(config), {"pixel_values": pixels_BxCxHxW}
   raise ValueError(f"unknown family {family!r}")
+
+
+def outputs(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """float32 last_hidden_state (of the base model), pooler_output and logits where present."""
+  tensors = {k: torch.as_tensor(v if v.dtype == np.float32 else v.astype(np.int64))
+             for k, v in inputs.items()}
+  with torch.no_grad():
+    out = model.base_model(**tensors)
+    logits = model(**tensors).logits if model.base_model is not model else None
+  arrays = {"last_hidden_state": out.last_hidden_state, "pooler_output": getattr(
+      out, "pooler_output", None), "logits": logits}
+  return {k: v.numpy().astype(np.float32) for k, v in arrays.items() if v is not None}
 
 
 def write_family(family: str, root: pathlib.Path) -> pathlib.Path:
@@ -87,12 +112,7 @@ def write_family(family: str, root: pathlib.Path) -> pathlib.Path:
     for p in model.parameters():
       p.add_(torch.randn_like(p) * NOISE)
   model = model.float().eval()
-  with torch.no_grad():
-    out = model(**{k: torch.as_tensor(v if v.dtype == np.float32 else v.astype(np.int64))
-                   for k, v in inputs.items()})
-  arrays = dict(inputs, last_hidden_state=out.last_hidden_state.numpy().astype(np.float32))
-  if getattr(out, "pooler_output", None) is not None:
-    arrays["pooler_output"] = out.pooler_output.numpy().astype(np.float32)
+  arrays = dict(inputs, **outputs(model, inputs))
   directory = root / family
   shutil.rmtree(directory, ignore_errors=True)
   model.save_pretrained(directory)
@@ -105,7 +125,7 @@ def write_family(family: str, root: pathlib.Path) -> pathlib.Path:
   return directory
 
 
-FAMILIES = ("roberta", "distilbert", "electra", "modernbert", "vit")
+FAMILIES = ("roberta", "distilbert", "electra", "modernbert", "modernbert_base_shape", "vit")
 
 
 def main(argv=None) -> None:

@@ -16,6 +16,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from jaxencoder import flash
 from jaxencoder.aot import hlo
 from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
@@ -47,6 +48,8 @@ class StepReport:
   collectives: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
   kernels: dict[str, int] = dataclasses.field(default_factory=dict)
   unknown_trip_counts: int = 0
+  # The attention plan of each layer of each encoder stack traced for the step.
+  plans: list[tuple[flash.AttentionPlan, ...]] = dataclasses.field(default_factory=list)
 
   @property
   def needed_bytes(self) -> float:
@@ -142,7 +145,7 @@ def compile_step(built: Built, name: str, batch_size: int, *,
     args = (built.state.params, batch)
   started = time.perf_counter()
   try:
-    with steps.mesh_context(built.mesh, built.rules):
+    with steps.mesh_context(built.mesh, built.rules), flash.recorded_plans() as plans:
       compiled, _, seconds, flops = _compile(fn, *args)
   except Exception as e:  # the compiler's verdict is the report
     message = one_line(e)
@@ -156,7 +159,8 @@ def compile_step(built: Built, name: str, batch_size: int, *,
   ops = hlo.step_ops(compiled.as_text())
   return StepReport(name, batch_size, True, seconds, memory=_memory(compiled),
                     flops=float(flops or 0.0), collectives=ops.collectives,
-                    kernels=ops.kernels, unknown_trip_counts=ops.unknown_trip_counts)
+                    kernels=ops.kernels, unknown_trip_counts=ops.unknown_trip_counts,
+                    plans=plans)
 
 
 def fits(report: StepReport, hbm_bytes: float) -> bool:

@@ -7,6 +7,7 @@ import time
 
 import jax
 
+from jaxencoder import flash
 from jaxencoder.aot import compiled as compiled_lib
 from jaxencoder.aot import hlo
 from jaxencoder.aot.targets import GIB, Target, target_devices
@@ -14,41 +15,51 @@ from jaxencoder.aot.targets import GIB, Target, target_devices
 log = logging.getLogger("jaxencoder")
 
 
-def _step_dict(report: compiled_lib.StepReport, hbm_bytes: float, num_chips: int) -> dict:
+def _step_dict(report: compiled_lib.StepReport, hbm_bytes: float, num_chips: int,
+               num_layers: int) -> dict:
   out = {"compiled": report.compiled, "batch_size": report.batch_size,
          "compile_seconds": round(report.compile_seconds, 2),
          "fits": compiled_lib.fits(report, hbm_bytes), "error": report.error,
          "out_of_memory": report.oom, "memory_per_chip": report.memory}
   if report.compiled:
     out.update(flops=report.flops, flops_per_chip=report.flops / num_chips,
-               collectives=report.collectives, kernels=report.kernels)
+               collectives=report.collectives, kernels=report.kernels,
+               attention=step_attention(report, num_layers))
     if report.unknown_trip_counts:
       out["loops_counted_once"] = report.unknown_trip_counts
   return out
 
 
+def step_attention(report: compiled_lib.StepReport, num_layers: int) -> dict:
+  """Which attention one compiled step's layers run: layers on a kernel counted from the
+  kernel calls in its HLO (a forward call per layer in the eval step; a backward (dq)
+  call per layer in the train step, whose forward calls remat may repeat), and for each
+  layer that runs xla, why (from the plans made while tracing it), naming the key to
+  change."""
+  kernels, backward = report.kernels, report.name == "train"
+  splash = hlo.splash_calls(kernels)
+  cudnn = {k: v for k, v in kernels.items() if k.startswith("__cudnn$fmha")}
+  impl, layers, calls = "xla", 0, {}
+  if splash:
+    impl, calls = "splash", splash
+    layers = splash.get("dq" if backward else "fwd", 0)
+  elif cudnn:
+    impl, calls = "cudnn", cudnn
+    layers = sum(v for k, v in cudnn.items() if ("Backward" in k) == backward)
+  fallbacks = [{"layers": flash.layer_ranges(where), "kernel": kernel, "reason": why}
+               for plans in report.plans
+               for (kernel, why), where in flash.fallbacks(plans).items()]
+  return {"impl": impl, "layers_on_kernel": layers, "num_layers": num_layers,
+          "kernel_calls": calls, "fallbacks": fallbacks}
+
+
 def attention_summary(cfg, steps: dict) -> dict:
-  """Which attention each layer compiled to, from the kernels in the compiled HLO: layers
-  on a kernel = the eval step's forward kernel calls (one per layer), else the train
-  step's backward (dq) calls."""
-  for name in ("eval", "train"):
+  """The whole run's attention line: the train step's (where dropout or remat may keep a
+  kernel out), else the eval step's."""
+  for name in ("train", "eval"):
     step = steps.get(name)
-    if not step or not step["compiled"]:
-      continue
-    kernels = step["kernels"]
-    splash = hlo.splash_calls(kernels)
-    cudnn = {k: v for k, v in kernels.items() if k.startswith("__cudnn$fmha")}
-    if splash:
-      layers = splash.get("fwd", 0) if name == "eval" else splash.get("dq", 0)
-      return {"impl": "splash", "layers_on_kernel": layers, "num_layers": cfg.num_layers,
-              "counted_in": f"{name} step", "kernel_calls": {name: splash}}
-    if cudnn:
-      backward = sum(v for k, v in cudnn.items() if "Backward" in k)
-      layers = sum(cudnn.values()) - backward if name == "eval" else backward
-      return {"impl": "cudnn", "layers_on_kernel": layers, "num_layers": cfg.num_layers,
-              "counted_in": f"{name} step", "kernel_calls": {name: cudnn}}
-    return {"impl": "xla", "layers_on_kernel": 0, "num_layers": cfg.num_layers,
-            "counted_in": f"{name} step", "kernel_calls": {}}
+    if step and step["compiled"]:
+      return {**step["attention"], "counted_in": f"{name} step"}
   return {"impl": "unknown", "layers_on_kernel": 0, "num_layers": cfg.num_layers}
 
 
@@ -85,7 +96,8 @@ def _compile_config(config, target, devices, steps, max_batch, group, started) -
       "task": config.task, "dtype": config.model.dtype, "scan_layers": config.model.scan_layers,
       "remat_policy": config.model.remat_policy, "attention_impl": config.model.attention_impl,
       "state_bytes_per_chip": built.state_bytes_per_chip,
-      "steps": {n: _step_dict(r, hbm, chips) for n, r in reports.items()},
+      "steps": {n: _step_dict(r, hbm, chips, config.model.num_layers)
+                for n, r in reports.items()},
   }
   result["attention"] = attention_summary(config.model, result["steps"])
   result["fits"] = all(s["fits"] for s in result["steps"].values())
@@ -133,6 +145,31 @@ def _count_bytes(c: dict) -> str:
   return "-" if not c["count"] else f"{c['count']:g} x, {_gib(c['bytes'])}"
 
 
+def _one(layers: str) -> bool:
+  return layers.isdigit()
+
+
+def _layers(layers: str) -> str:
+  """'layer 21 runs' / 'layers 0-20 run'."""
+  return f"layer {layers} runs" if _one(layers) else f"layers {layers} run"
+
+
+def attention_lines(result: dict) -> list[str]:
+  """One line per compiled step: its kernel and layers on it; then why each other layer
+  runs xla, naming the config key to change."""
+  lines = []
+  for name, step in result["steps"].items():
+    if not step["compiled"]:
+      continue
+    a = step["attention"]
+    lines.append(f"attention, {name} step: {a['impl']} in {a['layers_on_kernel']} of "
+                 f"{a['num_layers']} layers (kernel calls in the compiled program; "
+                 f"attention_impl={result['attention_impl']})")
+    lines += [f"  {_layers(f['layers'])} xla: {f['kernel']} cannot serve "
+              f"{'it' if _one(f['layers']) else 'them'} ({f['reason']})" for f in a["fallbacks"]]
+  return lines
+
+
 def format_report(result: dict) -> str:
   """The report as a table: one column per step."""
   t, steps = result["target"], result["steps"]
@@ -166,10 +203,7 @@ def format_report(result: dict) -> str:
   cols = [max(len(r[1][i]) for r in rows) for i in range(len(names))]
   for label, cells in rows:
     lines.append(f"{label:<{width}}  " + "  ".join(f"{c:<{w}}" for c, w in zip(cells, cols)))
-  a = result["attention"]
-  lines.append(f"attention: {a['impl']} in {a['layers_on_kernel']} of {a['num_layers']} layers"
-               f" (kernels counted in the compiled {a.get('counted_in', '-')}; "
-               f"attention_impl={result['attention_impl']})")
+  lines += attention_lines(result)
   lines.append("collective bytes: per chip per step, the larger of each op's operand and result")
   lines.append(result["verdict"] + f"  [{result['seconds']:.0f} s]")
   return "\n".join(lines)

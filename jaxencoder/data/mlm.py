@@ -5,6 +5,11 @@ token. `mask_batch` takes them from `counter_uniforms`: a hash of (seed, stream,
 index, position), so a row's mask is the same whatever batch, process or worker holds it,
 and a resumed pipeline re-draws exactly the same masks. `mask_tokens` does one row from a
 numpy Generator.
+
+The rate enters last: `mask_plan` ranks each row's candidates and says what each token
+becomes if chosen (no rate), `apply_rate` picks the round(rate · n) first; `mask_batch` is
+the two. A rate that changes during training (`scheduled_rate`, data.mask_rate_schedule)
+is applied to plans where the batch's index is known (data/pipeline.mlm_pipeline).
 """
 
 from __future__ import annotations
@@ -64,13 +69,24 @@ def mask_batch(input_ids_BxL: np.ndarray, spec: MaskSpec, uniforms: Uniforms,
   Returns `input_ids` (corrupted), `mlm_labels` (the original ids) and `mlm_weights`
   (1.0 where a token was chosen, else 0.0), all [B, L].
   """
+  return apply_rate(mask_plan(input_ids_BxL, spec, uniforms, word_ids_BxL), spec.rate)
+
+
+# What `mask_plan` adds to a batch (and `apply_rate` consumes), all [B, L] int32: the id a
+# token becomes if chosen, its rank among its row's candidates (whole words: the rank of
+# the word's first token; non-candidates: L), and its row's number of candidates.
+PLAN_KEYS = ("mlm_swap_ids", "mlm_rank", "mlm_candidates")
+
+
+def mask_plan(input_ids_BxL: np.ndarray, spec: MaskSpec, uniforms: Uniforms,
+              word_ids_BxL: np.ndarray | None = None) -> dict[str, np.ndarray]:
+  """Everything `mask_batch` decides but the rate (`spec.rate` is not read): `input_ids`
+  and `mlm_labels` (both the original ids) and PLAN_KEYS. Rows may be packed after (each
+  token carries its own row's facts); `apply_rate` finishes them."""
   ids_BxL = np.asarray(input_ids_BxL, np.int32)
   b, length = ids_BxL.shape
   candidate_BxL = ~np.isin(ids_BxL, np.asarray(spec.special_ids, np.int32))
   n_candidates_B = candidate_BxL.sum(axis=1)
-  n_pick_B = np.round(spec.rate * n_candidates_B).astype(np.int64)
-  if spec.rate > 0:
-    n_pick_B = np.where(n_candidates_B > 0, np.maximum(n_pick_B, 1), 0)
 
   score_BxL = uniforms(CHOOSE)
   if spec.whole_word:
@@ -86,18 +102,44 @@ def mask_batch(input_ids_BxL: np.ndarray, spec: MaskSpec, uniforms: Uniforms,
   starts = np.ones((b, length), bool)
   starts[:, 1:] = sorted_BxL[:, 1:] != sorted_BxL[:, :-1]
   group_start_BxL = np.maximum.accumulate(np.where(starts, np.arange(length), 0), axis=1)
-  chosen_sorted = (group_start_BxL < n_pick_B[:, None]) & np.isfinite(sorted_BxL)
-  chosen_BxL = np.zeros((b, length), bool)
-  np.put_along_axis(chosen_BxL, order_BxL, chosen_sorted, axis=1)
+  rank_BxL = np.full((b, length), length, np.int32)
+  np.put_along_axis(rank_BxL, order_BxL,
+                    np.where(np.isfinite(sorted_BxL), group_start_BxL, length), axis=1)
 
   action_BxL = uniforms(ACTION)  # < mask_frac: [MASK]; next random_frac: random; else kept
-  to_mask = chosen_BxL & (action_BxL < spec.mask_frac)
-  to_random = chosen_BxL & (action_BxL >= spec.mask_frac) & (
-      action_BxL < spec.mask_frac + spec.random_frac)
-  out_BxL = np.where(to_mask, np.int32(spec.mask_id), ids_BxL)
-  out_BxL = np.where(to_random, _random_tokens(uniforms(REPLACEMENT), spec), out_BxL)
-  return {"input_ids": out_BxL.astype(np.int32), "mlm_labels": ids_BxL,
-          "mlm_weights": chosen_BxL.astype(np.float32)}
+  to_mask = action_BxL < spec.mask_frac
+  to_random = ~to_mask & (action_BxL < spec.mask_frac + spec.random_frac)
+  swap_BxL = np.where(to_mask, np.int32(spec.mask_id), ids_BxL)
+  swap_BxL = np.where(to_random, _random_tokens(uniforms(REPLACEMENT), spec), swap_BxL)
+  n_BxL = np.repeat(n_candidates_B.astype(np.int32)[:, None], length, axis=1)
+  return {"input_ids": ids_BxL, "mlm_labels": ids_BxL, "mlm_swap_ids": swap_BxL.astype(np.int32),
+          "mlm_rank": rank_BxL, "mlm_candidates": n_BxL}
+
+
+def apply_rate(plan: dict[str, np.ndarray], rate: float) -> dict[str, np.ndarray]:
+  """A `mask_plan` batch (rows possibly packed) masked at `rate`: in each sequence of n
+  candidates, the round(rate · n) first-ranked (at least 1 when rate > 0) become their
+  `mlm_swap_ids`; `mlm_weights` marks them. PLAN_KEYS are dropped, other keys kept."""
+  n_BxL = plan["mlm_candidates"]
+  n_pick_BxL = np.minimum(np.round(rate * n_BxL).astype(np.int64), n_BxL)
+  if rate > 0:
+    n_pick_BxL = np.where(n_BxL > 0, np.maximum(n_pick_BxL, 1), 0)
+  chosen_BxL = plan["mlm_rank"] < n_pick_BxL
+  out = {k: v for k, v in plan.items() if k not in PLAN_KEYS}
+  out["input_ids"] = np.where(chosen_BxL, plan["mlm_swap_ids"], plan["input_ids"]
+                              ).astype(np.int32)
+  out["mlm_weights"] = chosen_BxL.astype(np.float32)
+  return out
+
+
+def scheduled_rate(schedule, index: int, rate: float) -> float:
+  """The rate of the last (start, rate) point of `schedule` (starts increasing) with
+  start <= `index`; `rate` before the first point (piecewise constant)."""
+  for start, point_rate in schedule:
+    if start > index:
+      break
+    rate = point_rate
+  return float(rate)
 
 
 def mask_tokens(input_ids_L: np.ndarray, spec: MaskSpec, rng: np.random.Generator,

@@ -47,7 +47,7 @@ import numpy as np
 from grain import experimental as grain_exp
 
 from jaxencoder.data import mlm as mlm_lib
-from jaxencoder.data import mixture, packing, token_ids
+from jaxencoder.data import mixture, packing, pooled_packing, token_ids
 from jaxencoder.data.readers import DataError, as_text, check_not_empty
 
 TEXT_KEYS = ("input_ids", "token_type_ids")
@@ -62,7 +62,7 @@ class Reading:
   shard_index: int | None = None  # this process's shard; None: jax.process_index()
   shard_count: int | None = None  # None: jax.process_count()
   drop_remainder: bool = False  # drop a final partial batch (else: filled with zero rows)
-  num_threads: int = 0  # grain read threads (0: read in the caller)
+  num_threads: int = 0  # grain read threads (0: read in the caller; n: read ahead, read_options)
   workers: int = 0  # grain processes making the batches (0: in the caller)
 
 
@@ -140,8 +140,10 @@ def stack_fill(batch_size: int):
 
 
 def read_options(num_threads: int) -> grain.ReadOptions:
-  """0 threads reads in the caller's thread: fastest on small hosts (2 cores here)."""
-  return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=max(1, 64 * num_threads))
+  """0 threads reads in the caller's thread: fastest on small hosts (2 cores here) from
+  local disk. n threads read ahead: they make the next 2n elements (chunks or batches)
+  while this one is used, which hides an object store's latency; at most 2n are held."""
+  return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=max(1, 2 * num_threads))
 
 
 def in_workers(batches: grain.MapDataset, num_threads: int = 0,
@@ -252,8 +254,10 @@ def text_reader(source, tokenizer, read: Reading, *, use_stored_ids: bool = True
 def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str = "pad",
                  mask: mlm_lib.MaskSpec | None = None, pack_examples: int | None = None,
                  text_key: str = "text", use_stored_ids: bool = True,
+                 rate_schedule: Sequence[tuple[int, float]] = (), pool_rows: int | None = None,
                  read: Reading = Reading()) -> grain.IterDataset:
-  """Masked-LM batches from a text source; `mode` "pad" or "pack" (segment_ids, positions).
+  """Masked-LM batches from a text source; `mode` "pad", "pack" or "best_fit" (segment_ids,
+  positions; packing.MODES).
 
   Whole chunks of examples are read, tokenised (or their stored ids taken: `token_ids`),
   masked (`mlm.mask_batch`, draws keyed by each example's global index) and padded, or
@@ -261,36 +265,68 @@ def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str 
   batch_size), with numpy, in `read.workers` processes. `mask` defaults to BERT's 15% /
   80-10-10 over the tokenizer's vocab; pass `MaskSpec(..., rate=0.0)` for plain tokens.
   `use_stored_ids=False` tokenises even where the source stores ids.
+
+  "best_fit": the workers read each chunk's documents (`pack_examples` of them) whole
+  (`packing.whole_documents`) and cut one longer than seq_len into pieces of seq_len
+  tokens (`packing.piece_lengths`; its first piece keeps [CLS], its last [SEP], the ones
+  between have neither: no token is added or lost); this process packs pools of at least
+  `pool_rows` rows' worth of tokens (default max(4 x batch_size, 64)) by best fit
+  (data/pooled_packing.py).
+
+  `rate_schedule` ((k, rate), ...; `mlm.scheduled_rate`): batch k (0-based) on is masked
+  at `rate` (`mask.rate` before the first point). The chunks carry the rate-free
+  `mlm.mask_plan` (3 int32 [R, L] arrays in place of mlm_weights) and the iterator's last
+  stage applies the rate by its batch count, which its state holds: batch k has the same
+  masks after any restore. The trainer consumes batch k at train step k.
   """
-  if mode not in ("pad", "pack"):
-    raise ValueError(f"mode must be 'pad' or 'pack', got {mode!r}")
+  if mode not in packing.MODES:
+    raise ValueError(f"mode must be one of {', '.join(map(repr, packing.MODES))}, got {mode!r}")
   mask = mask or default_mask(tokenizer)
+  masking = mlm_lib.mask_plan if rate_schedule else mlm_lib.mask_batch
   order, text_rows_of = text_reader(source, tokenizer, read, use_stored_ids=use_stored_ids,
                                     text_key=text_key)
   pad_id = tokenizer.pad_id
   chunk_rows = batch_size if mode == "pad" else (pack_examples or 4 * batch_size)
 
+  def masked_rows(e_N, width):
+    """Rows `width` wide of global elements e_N, masked; their lengths."""
+    ids_NxW, words_NxW, lengths_N = text_rows_of([order[int(e)] for e in e_N], width)
+    draws = mlm_lib.counter_uniforms(read.seed or 0, e_N, width)
+    return masking(ids_NxW, mask, draws, words_NxW), lengths_N
+
   def chunk(e_R):
     real_R = e_R >= 0
-    ids_NxL, words_NxL, lengths_N = text_rows_of([order[int(e)] for e in e_R[real_R]], seq_len)
-    draws = mlm_lib.counter_uniforms(read.seed or 0, e_R[real_R], seq_len)
-    out = mlm_lib.mask_batch(ids_NxL, mask, draws, words_NxL)
+    if mode == "best_fit":  # whole documents, first read 257 wide: a short one costs little
+      tokens, lengths_N = packing.whole_documents(masked_rows, e_R[real_R], min(seq_len, 256) + 1)
+      return {"tokens": tokens, "lengths": packing.piece_lengths(lengths_N, seq_len)}
+    out, lengths_N = masked_rows(e_R[real_R], seq_len)
     if mode == "pad":
       return _padded_rows(out, lengths_N, real_R, seq_len)
-    packed = packing.pack_rows({k: out[k] for k in ("input_ids", "mlm_labels", "mlm_weights")},
-                               lengths_N, seq_len)
-    packed["input_ids"][packed["attention_mask"] == 0] = pad_id
-    packed["token_type_ids"] = np.zeros_like(packed["input_ids"])
-    return packed  # [R, L] arrays: a few large ones cross from a worker cheaply
+    # [R, L] arrays: a few large ones cross from a worker cheaply
+    return _filled(packing.pack_rows(out, lengths_N, seq_len), pad_id)
 
   chunks = chunk_indices(len(order), chunk_rows,
                          drop_remainder=read.drop_remainder and mode == "pad",
                          shard_index=read.shard_index, shard_count=read.shard_count).map(chunk)
   it = in_workers(chunks, read.num_threads, read.workers)
-  if mode == "pad":
+  if mode == "pack":
+    rows = grain_exp.FlatMapIterDataset(it, _Unchunk(max_fan_out=chunk_rows))
+    it = _batch(rows, batch_size, read.drop_remainder)
+  if mode == "best_fit":
+    pool_tokens = (pool_rows or max(4 * batch_size, 64)) * seq_len
+    rows = pooled_packing.BestFitRows(it, seq_len, pool_tokens, lambda r: _filled(r, pad_id))
+    it = _batch(rows, batch_size, read.drop_remainder)
+  if not rate_schedule:
     return it
-  rows = grain_exp.FlatMapIterDataset(it, _Unchunk(max_fan_out=chunk_rows))
-  return _batch(rows, batch_size, read.drop_remainder)
+  return it.map_with_index(lambda k, plan: mlm_lib.apply_rate(
+      plan, mlm_lib.scheduled_rate(rate_schedule, k, mask.rate)))
+
+
+def _filled(packed: dict, pad_id: int) -> dict:
+  """Packed MLM rows with the pad id in empty slots and token_type_ids (all 0)."""
+  packed["input_ids"][packed["attention_mask"] == 0] = pad_id
+  packed["token_type_ids"] = np.zeros_like(packed["input_ids"])
+  return packed
 
 
 class _Unchunk(grain_exp.FlatMapTransform):
@@ -304,11 +340,11 @@ class _Unchunk(grain_exp.FlatMapTransform):
 
 
 def _padded_rows(masked: dict, lengths_N, real_R, seq_len: int) -> dict:
-  """[R, L] MLM batch: the N real rows where `real_R`, all-zero fill rows elsewhere."""
+  """[R, L] MLM batch (every key of `masked`, mlm_labels 0 on padding): the N real rows
+  where `real_R`, all-zero fill rows elsewhere."""
   real_NxL = np.arange(seq_len)[None, :] < lengths_N[:, None]
-  rows = {"input_ids": masked["input_ids"], "mlm_labels": np.where(real_NxL, masked["mlm_labels"], 0),
-          "mlm_weights": masked["mlm_weights"], "attention_mask": real_NxL.astype(np.int32),
-          "segment_ids": real_NxL.astype(np.int32),
+  rows = {**masked, "mlm_labels": np.where(real_NxL, masked["mlm_labels"], 0),
+          "attention_mask": real_NxL.astype(np.int32), "segment_ids": real_NxL.astype(np.int32),
           "positions": np.where(real_NxL, np.arange(seq_len), 0).astype(np.int32)}
   out = {}
   for k, v in rows.items():

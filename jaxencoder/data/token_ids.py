@@ -14,7 +14,8 @@ Examples are in record order, split by split; an example never spans two shards.
 dataset without manifest.json is incomplete (a prepare that stopped half-way) and is
 never read. Reading a chunk of rows is two rounds of ranged reads (offsets, then tokens;
 `byte_ranges`): local files by pread, gs:// objects by concurrent ranged GETs, so a
-reader's memory does not grow with the corpus either. A run whose tokenizer has another
+reader's memory does not grow with the corpus either; read-ahead threads
+(pipeline.Reading.num_threads) share one reader. A run whose tokenizer has another
 digest gets a DataError instead of ids from the wrong vocabulary.
 """
 
@@ -339,29 +340,33 @@ class StoredIds:
       raise IndexError(f"example {idx_N.max()} of {len(self)} ({self.dir}, {self.split})")
     shard_N = np.searchsorted(self.entry["first"], idx_N, side="right") - 1
     local_N = idx_N - self.entry["first"][shard_N]
-    keys, key_N = np.unique(np.stack([shard_N, local_N // _OFFSET_BLOCK], 1), axis=0,
-                            return_inverse=True)
-    blocks = [(int(s), int(b)) for s, b in keys]
-    self._read_offset_blocks([k for k in blocks if self._offsets.get(k) is None])
-    parts = [self._offsets.get(k) for k in blocks]
+    keys, key_N = np.unique(shard_N << 32 | local_N // _OFFSET_BLOCK, return_inverse=True)
+    blocks = list(zip(*(part.tolist() for part in np.divmod(keys, 1 << 32))))  # (shard, block)
+    have = dict(zip(blocks, self._offsets.get_many(blocks)))  # here: other threads evict
+    have.update(self._read_offset_blocks([k for k, block in have.items() if block is None]))
+    parts = [have[k] for k in blocks]
     base_K = np.cumsum([0] + [len(p) for p in parts[:-1]])
     flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     at_N = base_K[key_N.reshape(-1)] + local_N % _OFFSET_BLOCK
     return shard_N, flat[at_N], flat[at_N + 1]
 
-  def _read_offset_blocks(self, blocks: list[tuple[int, int]]) -> None:
+  def _read_offset_blocks(self, blocks: list[tuple[int, int]]) -> dict:
+    """{block: its offsets} read (and cached) for `blocks`."""
     counts = [self.entry["shards"][s]["examples"] + 1 for s, _ in blocks]
     starts = [b * _OFFSET_BLOCK * 8 for _, b in blocks]
     stops = [min((b + 1) * _OFFSET_BLOCK + 1, n) * 8 for (_, b), n in zip(blocks, counts)]
     paths = self._paths("offsets")
     data = self._reader.read_many([paths[s] for s, _ in blocks], starts, stops)
-    for block, raw in zip(blocks, data):
-      self._offsets.put(block, np.frombuffer(raw, "<i8"))
+    read = {block: np.frombuffer(raw, "<i8") for block, raw in zip(blocks, data)}
+    for block, offsets in read.items():
+      self._offsets.put(block, offsets)
+    return read
 
   def rows(self, indices, seq_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`input_ids`, `word_ids` [B, seq_len] and lengths [B] of examples `indices`, each
     truncated as the tokenizer truncates one text: its first seq_len - 1 tokens and its
-    last (the closing special): one ranged read per row, two for a truncated one."""
+    last (the closing special): one ranged read per row, two for a truncated one (fewer
+    where rows lie side by side: byte_ranges.coalesce)."""
     shard_B, start_B, end_B = self.spans(indices)
     lengths_B = np.minimum(end_B - start_B, seq_len)
     cut_B = end_B - start_B > seq_len

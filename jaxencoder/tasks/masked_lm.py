@@ -6,11 +6,32 @@ per row (the masked ones; extra masked tokens beyond M are not predicted and are
 in `dropped`); 0 computes logits everywhere; a batch's own `mlm_positions` [B, M] take
 precedence. mlm_nsp / mlm_sop: MLM + next-sentence / sentence-order prediction on the
 pooled [CLS] of sentence-pair rows (data/pairs.py).
+
+Train batches are masked at data.mask_rate, or by train step at the rates of
+data.mask_rate_schedule (mlm and electra); eval batches always at data.mask_rate, so eval
+losses compare across a run. max_predictions = -1 sizes for the highest of those rates.
+
+`mlm_loss_chunk` C > 0 computes the MLM loss C predicted positions per row at a time
+(tasks/base.chunked_weighted_ce): [B, C, V] logits per step, never the whole [B, M, V]
+nor its gradient; the backward pass recomputes each chunk's logits (one more
+vocabulary matmul per step). Its metrics equal the full path's (float32 rounding):
+- loss, mlm_loss: weighted mean cross-entropy, a float32 log-softmax of each chunk;
+- accuracy: weighted top-1 hits from the same pass (a tie with the label is a hit);
+- dropped_predictions: masked tokens beyond M, counted before the head as before;
+- pair_loss, pair_accuracy (mlm_nsp / mlm_sop): the pair head's, never chunked.
+Limits:
+- C counts positions per row: a step's logits are [B, C, V] (the batch axis stays
+  whole, so a batch sharded over devices stays so); M not a multiple of C is padded
+  with positions that count nowhere;
+- params, checkpoints and the Hugging Face conversion are the same for any C;
+- the models still return logits by default (`project=True`) for whatever reads them;
+- ELECTRA's generator keeps full logits (it samples from them): the key is mlm's only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +43,11 @@ import optax
 if TYPE_CHECKING:
   from jaxencoder.data.pipeline import Reading
 
-from jaxencoder.heads import EncoderForMaskedLM, EncoderForPreTraining
+from jaxencoder.heads import EncoderForMaskedLM, EncoderForPreTraining, vocab_logits
 from jaxencoder.layers import take_rows
-from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
-                                   mean_loss, pooled_vectors, weighted_ce)
+from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model,
+                                   chunked_weighted_ce, loss_summary, mean_loss,
+                                   pooled_vectors, weighted_ce)
 
 SENTENCE_PAIRS = {"nsp": "mlm_nsp", "sop": "mlm_sop"}  # config.sentence_pair -> task
 # The shortest row a masked task learns from: its special tokens plus one masked token
@@ -34,9 +56,22 @@ MIN_SEQ_LEN = {"mlm": 3, "electra": 3, "mlm_nsp": 5, "mlm_sop": 5}
 
 
 def auto_max_predictions(data) -> int:
-  """Room for 1.25x the expected masked tokens of a row (max_predictions = -1), at most
-  one per position; `data`: a config's data section, a ConfigDict or a stored dict."""
-  return min(math.ceil(1.25 * data["mask_rate"] * data["seq_len"]) + 1, data["seq_len"])
+  """Room for 1.25x the expected masked tokens of a row at the highest rate
+  (`peak_mask_rate`; max_predictions = -1), at most one per position; `data`: a config's
+  data section, a ConfigDict or a stored dict."""
+  return min(math.ceil(1.25 * peak_mask_rate(data) * data["seq_len"]) + 1, data["seq_len"])
+
+
+def mask_rate_schedule(data) -> tuple[tuple[int, float], ...]:
+  """data.mask_rate_schedule as ((step, rate), ...); () when unset (stored configs from
+  before the key included)."""
+  return tuple((int(step), float(rate)) for step, rate in data.get("mask_rate_schedule") or ())
+
+
+def peak_mask_rate(data) -> float:
+  """The highest rate batches are masked at: data.mask_rate (eval, and train before the
+  schedule's first point) or a rate of data.mask_rate_schedule."""
+  return max([data["mask_rate"], *(rate for _, rate in mask_rate_schedule(data))])
 
 
 def max_predictions(config) -> int:
@@ -45,15 +80,25 @@ def max_predictions(config) -> int:
   return value if value >= 0 else auto_max_predictions(config["data"])
 
 
+def check_loss_chunk(config) -> None:
+  """ValueError for an mlm_loss_chunk that is not a count of positions."""
+  chunk = config.get("mlm_loss_chunk", 0)
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+    raise ValueError(f"mlm_loss_chunk={chunk!r} must be an int >= 0: predicted positions "
+                     "per row whose logits the MLM loss computes at a time (0: all at once)")
+
+
 def check_masking(name: str, config) -> None:
   """ValueError, before anything is built, for a masked objective that cannot learn:
   data.mask_rate outside (0, 1) (0 masks nothing: a loss of 0 with zero gradients; 1
-  masks every token), a data.seq_len without room for the specials and a masked token,
-  or more max_predictions than positions (`name`: the resolved task)."""
+  masks every token), a bad data.mask_rate_schedule (`check_rate_schedule`), a
+  data.seq_len without room for the specials and a masked token, or more
+  max_predictions than positions (`name`: the resolved task)."""
   data, shortest = config["data"], MIN_SEQ_LEN.get(name, 3)
   if not 0 < data["mask_rate"] < 1:
     raise ValueError(f"data.mask_rate={data['mask_rate']!r} must lie in (0, 1) for task "
                      f"{name!r}: the fraction of tokens masked (BERT: 0.15)")
+  check_rate_schedule(name, data.get("mask_rate_schedule") or ())
   if data["seq_len"] < shortest:
     raise ValueError(f"data.seq_len={data['seq_len']!r} is too short for task {name!r}: "
                      f"the minimum is {shortest} (special tokens + one masked token)")
@@ -61,6 +106,29 @@ def check_masking(name: str, config) -> None:
   if wanted > data["seq_len"]:
     raise ValueError(f"max_predictions={wanted} exceeds data.seq_len={data['seq_len']}: "
                      "at most one prediction per position (-1: automatic)")
+
+
+def check_rate_schedule(name: str, schedule) -> None:
+  """ValueError unless `schedule` is ((step, rate), ...) with integer steps >= 0, strictly
+  increasing, and every rate in (0, 1); sentence-pair tasks (masked per example,
+  data/pairs.py) take none."""
+  if not schedule:
+    return
+  where = f"data.mask_rate_schedule={schedule!r}"
+  if name in SENTENCE_PAIRS.values():
+    raise ValueError(f"{where}: task {name!r} masks its sentence pairs at data.mask_rate "
+                     "only; set data.mask_rate_schedule=()")
+  pairs = [tuple(point) if isinstance(point, (tuple, list)) else (point,) for point in schedule]
+  if any(len(p) != 2 for p in pairs):
+    raise ValueError(f"{where} must be a list of (step, rate) pairs, e.g. ((0, 0.3), "
+                     "(80000, 0.15))")
+  steps = [step for step, _ in pairs]
+  if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in steps) or any(
+      b <= a for a, b in zip(steps, steps[1:])):
+    raise ValueError(f"{where}: steps must be integers >= 0, strictly increasing")
+  bad = [rate for _, rate in pairs if not (isinstance(rate, (int, float)) and 0 < rate < 1)]
+  if bad:
+    raise ValueError(f"{where}: rate {bad[0]!r} must lie in (0, 1) for task {name!r}")
 
 
 def masked_positions(weights_BxL: jax.Array, max_predictions: int) -> jax.Array:
@@ -80,9 +148,16 @@ def mlm_targets(batch, max_predictions: int) -> tuple[jax.Array, jax.Array, jax.
   return take_rows(labels, positions), take_rows(weights, positions), positions
 
 
-def mlm_sums(logits, labels, weights, positions, batch) -> Sums:
-  """MLM cross-entropy sums; with positions, masked tokens beyond M count as `dropped`."""
-  sums = weighted_ce(logits, labels, weights)
+def mlm_sums(head_out, labels, weights, positions, batch, chunk: int = 0) -> Sums:
+  """MLM cross-entropy sums of the head's logits, or (chunk > 0) of its VocabProjection
+  projected `chunk` positions per row at a time; with positions, masked tokens beyond
+  M count as `dropped`."""
+  if chunk:
+    logits_of = functools.partial(vocab_logits, table_VxE=head_out.table_VxE,
+                                  bias_V=head_out.bias_V)
+    sums = chunked_weighted_ce(logits_of, head_out.hidden_BxLxE, labels, weights, chunk)
+  else:
+    sums = weighted_ce(head_out, labels, weights)
   if positions is not None:
     sums["dropped"] = jnp.sum(batch["mlm_weights"]) - sums["loss_weight"]
   return sums
@@ -106,15 +181,18 @@ def sentence_pair_sums(mlm: Sums, pair_logits_Bx2, pair_labels_B, weights_B) -> 
 
 
 def masked_text_pipeline(config, tokenizer, source, *, train: bool, rate: float,
-                         batch_size: int, read: Reading):
+                         batch_size: int, read: Reading, scheduled: bool = False):
   """text_corpus batches: tokens BERT-masked at `rate` (0: plain tokens, no prediction
-  targets chosen), packed or padded rows (eval: padded)."""
+  targets chosen), packed or padded rows (eval: padded). `scheduled` (train): the rate
+  follows data.mask_rate_schedule by train step; eval keeps `rate`, so eval losses
+  compare across the run."""
   from jaxencoder.data import pipeline
   data = config.data
   spec = pipeline.default_mask(tokenizer, rate=rate, whole_word=data.whole_word)
+  schedule = mask_rate_schedule(data) if scheduled and train else ()
   return pipeline.mlm_pipeline(source, tokenizer, seq_len=data.seq_len,
                                mode=data.packing if train else "pad", mask=spec,
-                               batch_size=batch_size,
+                               batch_size=batch_size, rate_schedule=schedule,
                                read=dataclasses.replace(read, drop_remainder=train))
 
 
@@ -126,8 +204,11 @@ class MaskedLM(Family):
       "sentence_pair": "",
       # masked tasks: MLM logits at M gathered positions per row; -1: auto; 0: everywhere
       "max_predictions": -1,
+      # mlm: the loss's logits C positions per row at a time ([B, C, V], recomputed in
+      # the backward pass): memory for long rows; 0: all [B, M, V] at once
+      "mlm_loss_chunk": 0,
   }
-  exclusive = ("sentence_pair",)
+  exclusive = ("sentence_pair", "mlm_loss_chunk")
   predicts = dict.fromkeys(names, "vectors")
 
   def resolve(self, config) -> str:
@@ -143,31 +224,34 @@ class MaskedLM(Family):
 
   def check(self, name, config) -> None:
     check_masking(name, config)
+    check_loss_chunk(config)
 
   def finalize(self, name, config) -> None:
     if config.max_predictions < 0:
       config.max_predictions = auto_max_predictions(config.data)
 
   def task_options(self, name, config) -> dict[str, Any]:
-    return {"max_predictions": max_predictions(config)}
+    return {"max_predictions": max_predictions(config),
+            "mlm_loss_chunk": config.get("mlm_loss_chunk", 0)}
 
-  def build(self, name, cfg, *, num_classes=2, max_predictions: int = 0) -> Task:
-    input_key = INPUT_KEYS[cfg.input_kind]
+  def build(self, name, cfg, *, num_classes=2, max_predictions: int = 0,
+            mlm_loss_chunk: int = 0) -> Task:
+    input_key, chunk = INPUT_KEYS[cfg.input_kind], mlm_loss_chunk
     if name == "mlm":
       model = EncoderForMaskedLM(cfg)
       def loss_fn(params, batch, rng, train):
         labels, weights, positions = mlm_targets(batch, max_predictions)
-        logits, _ = apply_model(model, params, batch, input_key, rng, train,
-                                masked_positions=positions)
-        sums = mlm_sums(logits, labels, weights, positions, batch)
+        mlm, _ = apply_model(model, params, batch, input_key, rng, train,
+                             masked_positions=positions, project=not chunk)
+        sums = mlm_sums(mlm, labels, weights, positions, batch, chunk)
         return mean_loss(sums), sums
       return Task(name, model, input_key, loss_fn, self)
     model = EncoderForPreTraining(cfg)
     def pair_loss_fn(params, batch, rng, train):
       labels, weights, positions = mlm_targets(batch, max_predictions)
-      logits, pair_logits, _ = apply_model(model, params, batch, input_key, rng, train,
-                                           masked_positions=positions)
-      sums = sentence_pair_sums(mlm_sums(logits, labels, weights, positions, batch),
+      mlm, pair_logits, _ = apply_model(model, params, batch, input_key, rng, train,
+                                        masked_positions=positions, project=not chunk)
+      sums = sentence_pair_sums(mlm_sums(mlm, labels, weights, positions, batch, chunk),
                                 pair_logits, batch["pair_labels"], batch["example_weights"])
       return mean_loss(sums), sums
     return Task(name, model, input_key, pair_loss_fn, self)
@@ -188,7 +272,7 @@ class MaskedLM(Family):
       return kind_pipeline()
     if name == "mlm":
       return masked_text_pipeline(config, tokenizer, source, train=train, rate=data.mask_rate,
-                                  batch_size=batch_size, read=read)
+                                  batch_size=batch_size, read=read, scheduled=True)
     mode = data.packing if train else "pad"
     if mode != "pad":
       raise ValueError(f"sentence_pair={config.sentence_pair!r} needs one sentence pair per "

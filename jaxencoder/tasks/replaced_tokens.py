@@ -120,7 +120,7 @@ class ReplacedTokens(Family):
       return kind_pipeline()
     return masked_lm.masked_text_pipeline(config, tokenizer, source, train=train,
                                           rate=config.data.mask_rate, batch_size=batch_size,
-                                          read=read)
+                                          read=read, scheduled=True)
 
   def predict(self, name, predictor, batch, args, lines):
     return pooled_vectors(predictor, args)

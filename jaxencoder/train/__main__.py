@@ -23,8 +23,13 @@ from jaxencoder import cli
 
 
 def load_config(path: str):
-  """Runs `get_config()` of a config file."""
-  path = pathlib.Path(path)
+  """Runs `get_config()` of a config file; `FILE.py:ARG` runs `get_config(ARG)` (a variant
+  the file defines, e.g. `configs/modernbert_base.py:cpu`)."""
+  text, arg = str(path), ""
+  if ".py:" in text:
+    text, arg = text.rsplit(".py:", 1)
+    text += ".py"
+  path = pathlib.Path(text)
   if not path.is_file():
     raise cli.UserError(f"--config {path}: no such file")
   if path.suffix != ".py":
@@ -36,7 +41,7 @@ def load_config(path: str):
     spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
       raise cli.UserError(f"--config {path}: defines no get_config()")
-    return module.get_config()
+    return module.get_config(arg) if arg else module.get_config()
   except SyntaxError as e:  # also IndentationError
     raise cli.UserError(f"--config {e.filename}:{e.lineno}: {e.msg}") from None
   except (ImportError, NameError, AttributeError, TypeError, ValueError, KeyError) as e:

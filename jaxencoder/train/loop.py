@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from jaxencoder import lora, progress
+from jaxencoder.data import packing
 from jaxencoder.encoder import ENCODER
 from jaxencoder.train import distributed
 from jaxencoder.train.compilation_cache import use_compilation_cache
@@ -89,6 +90,21 @@ def peek(iterator) -> dict[str, np.ndarray]:
   return element
 
 
+PACKING_BATCHES = 8  # the train batches whose fill a packed run logs at its start
+
+
+def log_packing(data, iterator) -> None:
+  """Logs the packing efficiency (real tokens / slots) of the first PACKING_BATCHES
+  batches of a packed text run (data.packing not "pad"); the iterator stays put."""
+  if data.kind != "text_corpus" or data.packing == "pad":
+    return
+  saved = iterator.get_state()
+  mask = np.concatenate([next(iterator)["attention_mask"] for _ in range(PACKING_BATCHES)])
+  iterator.set_state(saved)
+  log.info("packing: %s, efficiency %.3f over %d rows (L=%d)", data.packing,
+           packing.padding_efficiency(mask), mask.size // mask.shape[-1], mask.shape[-1])
+
+
 def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False) -> Run:
   """Builds data, model, optimizer, mesh and checkpointer; restores or initialises state.
   `read_only`: writes nothing to the workdir (no metrics, no renamed damaged steps)."""
@@ -97,6 +113,7 @@ def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False
   task = build_task(config, pipelines)
   train_iter = iter(pipelines.train)
   example = peek(train_iter)
+  log_packing(config.data, train_iter)
   mesh = sharding_lib.make_mesh(config.mesh_shape)
   rules = sharding_lib.rules_from_config(config.logical_axis_rules)
   boxed = steps.boxed_param_shapes(task, example)  # the one trace of the model's init
@@ -148,7 +165,7 @@ def restore_or_init(run: Run, example, boxed=None, *,
     state = steps.init_state(run.task, run.tx, example, jax.random.key(config.seed),
                              run.mesh, run.rules, shardings=run.shardings)
     if config.init_from:
-      state = load_encoder(state, config.init_from, run.shardings)
+      state = load_encoder(state, config.init_from, run.shardings, config.task)
     return jax.block_until_ready(state)
 
 
@@ -185,9 +202,12 @@ def restore_data_position(iterator, data_state, step: int, workers: int = 0) -> 
     next(iterator)
 
 
-def load_encoder(state: steps.TrainState, init_from: str, shardings) -> steps.TrainState:
+def load_encoder(state: steps.TrainState, init_from: str, shardings,
+                 task: str | None = None) -> steps.TrainState:
   """Replaces the encoder params with those of another run's latest checkpoint (LoRA
-  adapters, if the model has them, stay fresh)."""
+  adapters, if the model has them, stay fresh). A source trained on the same `task`
+  (continued pretraining, a context extension) brings its heads too, where their shapes
+  match; other heads start fresh."""
   source = RunDir.open(init_from)
   base, adapters = lora.split(state.params[ENCODER])
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -197,7 +217,26 @@ def load_encoder(state: steps.TrainState, init_from: str, shardings) -> steps.Tr
   except ValueError as e:
     raise ValueError(f"init_from={init_from}: {e}") from None
   log.info("loaded encoder params from %s (step %d)", source.path, source.latest_step())
-  return state.replace(params={**state.params, ENCODER: lora.join(encoder, adapters)})
+  params = {**state.params, ENCODER: lora.join(encoder, adapters)}
+  if task is not None and source.read_config().get("task") == task:
+    params.update(_same_task_heads(source, state.params, shardings.params))
+  return state.replace(params=params)
+
+
+def _same_task_heads(source: RunDir, params, shardings) -> dict[str, Any]:
+  """The source's params of each head this model has (same name and shapes)."""
+  heads = {}
+  for name in sorted((source.param_names() & set(params)) - {ENCODER}):
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            params[name], shardings[name])
+    try:
+      heads[name] = source.restore_subtree(abstract, name)
+    except ValueError as e:  # another shape (e.g. a vocabulary): the head starts fresh
+      log.warning("init_from: head %r not loaded (%s); it starts fresh", name,
+                  str(e).splitlines()[0])
+      continue
+    log.info("loaded head %r from %s (same task)", name, source.path)
+  return heads
 
 
 def evaluate(run: Run, eval_step, signals: StopSignals | None = None, *,

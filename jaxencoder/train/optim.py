@@ -10,8 +10,15 @@ Config keys (defaults in `default_optim_config()`; unknown keys raise):
                     scanned layer axis is dropped) are never decayed.
   schedule          "linear" (to end_lr_factor * lr at total_steps) | "cosine" (same
                     end points) | "inverse_sqrt" (lr * sqrt(warmup / max(step, warmup)))
-                    | "constant". All start with a linear warmup from 0 over
-                    warmup_steps; total_steps must exceed warmup_steps for linear/cosine.
+                    | "constant" | "wsd" (warmup-stable-decay: the peak LR until the last
+                    decay_fraction of total_steps, then a decay_shape decay to the same end
+                    point). All start with a linear warmup from 0 over warmup_steps;
+                    total_steps must exceed warmup_steps for linear/cosine, and hold the
+                    warmup and the decay for wsd. Steps count updates (0: the first).
+  decay_fraction    wsd: the share of total_steps its final decay takes (default 0.1;
+                    round(fraction * total_steps) steps, at least 1), in (0, 1].
+  decay_shape       wsd: "1-sqrt" (default; factor 1 - sqrt(x) over the decay's progress x
+                    in [0, 1], mapped to [end_lr_factor, 1]: Hägele et al. 2024) | "linear".
   grad_clip_norm    global-norm clipping of the trainable grads; 0 or None disables.
   grad_accum_steps  k: each step is one update over k micro-batches of batch_size rows
                     (train/steps.train_step sums their losses and weights, then
@@ -55,7 +62,8 @@ from jaxencoder import lora
 from jaxencoder.encoder import ENCODER, in_embeddings, in_scanned_stack, layer_index
 
 OPTIMIZERS = ("adamw", "adafactor", "lion")
-SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
+SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant", "wsd")
+DECAY_SHAPES = ("1-sqrt", "linear")  # wsd's final decay
 
 
 def default_optim_config() -> ml_collections.ConfigDict:
@@ -63,9 +71,9 @@ def default_optim_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       name="adamw", learning_rate=1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
       decay_embeddings=True, schedule="linear", warmup_steps=0, total_steps=0,
-      end_lr_factor=0.0, grad_clip_norm=1.0, grad_accum_steps=1, layer_decay=None,
-      lr_multipliers=(), freeze=(), freeze_encoder=False, freeze_layers=0,
-      lora_also_train=()))
+      end_lr_factor=0.0, decay_fraction=0.1, decay_shape="1-sqrt", grad_clip_norm=1.0,
+      grad_accum_steps=1, layer_decay=None, lr_multipliers=(), freeze=(), freeze_encoder=False,
+      freeze_layers=0, lora_also_train=()))
 
 
 def make_optimizer(cfg: Mapping[str, Any], params, *, num_layers: int
@@ -93,12 +101,10 @@ def make_optimizer(cfg: Mapping[str, Any], params, *, num_layers: int
 def learning_rate_schedule(cfg: Mapping[str, Any]) -> Callable[[Any], jax.Array]:
   """step -> LR: linear warmup from 0 over warmup_steps, then the named decay."""
   opts = _resolve(cfg)
-  _check_choice("schedule", opts.schedule, SCHEDULES)
+  _check_schedule(opts)
   peak, warmup, total, end = (opts.learning_rate, opts.warmup_steps, opts.total_steps,
                               opts.end_lr_factor)
-  if opts.schedule in ("linear", "cosine") and total <= warmup:
-    raise ValueError(f"total_steps ({total}) must exceed warmup_steps ({warmup}) for "
-                     f"schedule {opts.schedule!r}")
+  decay_steps = wsd_decay_steps(opts)
 
   def decayed(step):  # factor in [end, 1] after warmup
     frac = jnp.clip((step - warmup) / max(total - warmup, 1), 0.0, 1.0)
@@ -108,6 +114,8 @@ def learning_rate_schedule(cfg: Mapping[str, Any]) -> Callable[[Any], jax.Array]
       return end + (1.0 - end) * 0.5 * (1.0 + jnp.cos(math.pi * frac))
     if opts.schedule == "inverse_sqrt":
       return jnp.sqrt(max(warmup, 1) / jnp.maximum(step, max(warmup, 1)))
+    if opts.schedule == "wsd":
+      return _wsd_factor(step, total, decay_steps, end, opts.decay_shape)
     return jnp.ones_like(step)
 
   def lr_fn(step):
@@ -115,6 +123,19 @@ def learning_rate_schedule(cfg: Mapping[str, Any]) -> Callable[[Any], jax.Array]
     warm = jnp.minimum(1.0, step / warmup) if warmup else 1.0
     return peak * warm * decayed(step)
   return lr_fn
+
+
+def wsd_decay_steps(cfg: Mapping[str, Any]) -> int:
+  """Steps of wsd's final decay: round(decay_fraction * total_steps), at least 1."""
+  opts = _resolve(cfg)
+  return max(1, round(opts.decay_fraction * opts.total_steps))
+
+
+def _wsd_factor(step, total: int, decay: int, end: float, shape: str):
+  """1 until the decay starts at step total - decay, then down to `end` at total (and
+  after): linearly in the decay's progress x, or as 1 - sqrt(x)."""
+  x = jnp.clip((step - (total - decay)) / decay, 0.0, 1.0)
+  return end + (1.0 - end) * (1.0 - (jnp.sqrt(x) if shape == "1-sqrt" else x))
 
 
 def param_multipliers(params, cfg: Mapping[str, Any], num_layers: int):
@@ -264,6 +285,24 @@ def _resolve(cfg: Mapping[str, Any]) -> ml_collections.ConfigDict:
   if opts.layer_decay is not None and not 0.0 < opts.layer_decay <= 1.0:
     raise ValueError(f"layer_decay must be None or in (0, 1], got {opts.layer_decay}")
   return opts
+
+
+def _check_schedule(opts) -> None:
+  """The schedule's choices, and room for its warmup (and wsd's decay) in total_steps."""
+  _check_choice("schedule", opts.schedule, SCHEDULES)
+  _check_choice("decay_shape", opts.decay_shape, DECAY_SHAPES)
+  if not 0.0 < opts.decay_fraction <= 1.0:
+    raise ValueError(f"optimizer config decay_fraction={opts.decay_fraction!r} must lie in "
+                     "(0, 1]: the share of total_steps wsd's final decay takes")
+  warmup, total = opts.warmup_steps, opts.total_steps
+  if opts.schedule in ("linear", "cosine") and total <= warmup:
+    raise ValueError(f"total_steps ({total}) must exceed warmup_steps ({warmup}) for "
+                     f"schedule {opts.schedule!r}")
+  if opts.schedule == "wsd" and warmup + wsd_decay_steps(opts) > total:
+    raise ValueError(f"schedule 'wsd': warmup_steps ({warmup}) + the decay's "
+                     f"{wsd_decay_steps(opts)} steps (decay_fraction={opts.decay_fraction} "
+                     f"of total_steps) exceed total_steps ({total}): lower warmup_steps or "
+                     "decay_fraction, or raise total_steps")
 
 
 def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:

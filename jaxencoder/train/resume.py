@@ -27,10 +27,12 @@ RESUMABLE_CHANGES = (
     "parallelism", "init_from", "model_overrides", "allow_config_change", "data.num_threads",
     "data.workers", "data.tokenize_once", "data.test_split",
     "optim.learning_rate", "optim.warmup_steps", "optim.total_steps", "optim.schedule",
-    "optim.end_lr_factor", "optim.weight_decay", "optim.grad_clip_norm",
+    "optim.decay_fraction", "optim.decay_shape", "optim.end_lr_factor", "optim.weight_decay",
+    "optim.grad_clip_norm",
     "model.dropout_rate", "model.attention_dropout_rate", "model.mlp_dropout_rate",
     "model.remat_policy", "model.attention_impl", "model.dtype", "model.check_ids",
-    "rng_impl", "compilation_cache_dir", "lock_timeout_s")
+    "rng_impl", "compilation_cache_dir", "lock_timeout_s",
+    "mlm_loss_chunk")  # the same MLM loss, its logits computed in chunks
 
 
 def config_changes(saved: dict, current: ml_collections.ConfigDict

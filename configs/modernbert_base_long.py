@@ -1,0 +1,54 @@
+"""ModernBERT-base MLM pretraining, phase 2: context extension to L = 8,192 from phase 1.
+
+  python train.py --config configs/modernbert_base_long.py --workdir gs://BUCKET/modernbert_long \\
+      --config.init_from=gs://BUCKET/modernbert_base \\
+      --config.data.source=text_corpus/MYCORPUS --config.data.data_dir=gs://BUCKET/data
+  jaxencoder-compile --config configs/modernbert_base_long.py --topology v5e-8 --steps train
+
+`init_from` takes phase 1's encoder (configs/modernbert_base.py, trained at 1,024): its
+params in the same scanned layout, its tokenizer; the optimizer and the step start afresh.
+The global layers' RoPE base is this config's (`model_overrides`: 160k; pass
+--config.model.rope_base=... to choose another), the local layers keep 10k. Rows of 8,192
+tokens, best-fit packed (a document longer than that is cut into pieces of 8,192), 64 of
+them per step: 8 per v5e chip. At this length the masked positions of a batch (8 rows x
+~3,070 on a chip) would need 4.7 GB of float32 logits and as much again for their
+gradient: the MLM loss runs 128 positions at a time (`mlm_loss_chunk`).
+
+CPU-sized variant: phase 1's (configs/modernbert_base.py:cpu) at 512 tokens, from its run:
+  python train.py --config configs/modernbert_base.py:cpu --workdir runs/modernbert_base_cpu
+  python train.py --config configs/modernbert_base_long.py:cpu --workdir runs/modernbert_long_cpu \\
+      --config.init_from=runs/modernbert_base_cpu
+
+Compiled for Cloud TPU on this CPU host (docs/performance.md, "Modern encoder recipe").
+"""
+
+import importlib.util
+import pathlib
+
+
+def phase1(arg: str | None):
+  """configs/modernbert_base.py's config (the same architecture and recipe)."""
+  path = pathlib.Path(__file__).with_name("modernbert_base.py")
+  spec = importlib.util.spec_from_file_location("modernbert_base", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def get_config(arg: str | None = None):
+  config = phase1(arg)
+  config.model_overrides = ("rope_base",)  # the new global base wins over init_from's
+  config.model.rope_base = 160_000.0
+  config.mlm_loss_chunk = 128
+  if arg == "cpu":
+    config.data.seq_len, config.model.max_len = 512, 512
+    config.batch_size, config.eval_batch_size = 4, 8
+    config.num_train_steps, config.optim.warmup_steps = 40, 4
+    config.log_every, config.eval_every, config.checkpoint_every = 10, 40, 20
+    return config
+  config.data.seq_len = 8_192
+  config.batch_size = config.eval_batch_size = 64
+  config.num_train_steps = 50_000
+  config.log_every, config.eval_every, config.checkpoint_every = 50, 5_000, 2_500
+  config.optim.learning_rate, config.optim.warmup_steps = 3e-4, 500
+  return config
