@@ -28,7 +28,9 @@ below means MiB. Parts (--only one):
            emulator (fake-gcs-server, filesystem backend, 127.0.0.1 only); with the
            reader's peak RSS (its VmHWM). --latency-ms: the emulator's rows are read
            through bench/latency_proxy.py, a relay on 127.0.0.1 that holds every request
-           MS ms before forwarding it (a bucket in another zone), a row per value
+           MS ms before forwarding it (a bucket in another zone), a row per value;
+           with the CPU seconds the reader (start included), the emulator and the
+           relay spent over the reader's run (wall_s)
   train    peak RSS (polled as above) of train.py --config configs/mlm_tiny.py with a
            1-layer, 32-wide model, 30 steps, one eval and checkpoint at step 30, no
            compilation cache (each run compiles); the synthetic corpus holds out every
@@ -52,6 +54,7 @@ import json
 import os
 import pathlib
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -70,6 +73,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 BUCKET = "bucket"
 PARTS = ("prepare", "input", "train", "two")
 CORPORA = ("shakespeare", "synthetic", "synthetic_gs")  # input: Shakespeare, local, emulator
+EMULATOR_PID = "BENCH_EMULATOR_PID"  # in the emulator's env: whose CPU time to count
 PART_BYTES = 64 << 20
 MIB = 1 << 20
 WARMUP_S = 3  # reading: enough for read-ahead to empty the buffer it fills at the start
@@ -194,7 +198,7 @@ def emulator(root: pathlib.Path):
                                      headers={"Content-Type": "application/json"})
     with contextlib.suppress(urllib.error.HTTPError):  # 409: kept from an earlier run
       urllib.request.urlopen(request, timeout=10)
-    yield {**os.environ, **client_env(endpoint)}
+    yield {**os.environ, **client_env(endpoint), EMULATOR_PID: str(proc.pid)}
   finally:
     proc.terminate()
     proc.wait(timeout=10)
@@ -270,6 +274,17 @@ def read_batches(source_dir: str, shard: str, batch_size: int, batches: int, seq
           "reader_peak_rss_mib": vm_hwm_mib()}
 
 
+def cpu_seconds(env) -> dict:
+  """CPU seconds so far of the finished child processes (the readers) and of the
+  emulator, if `env` names one."""
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
+  out = {"reader_cpu_s": children.ru_utime + children.ru_stime}
+  if env and EMULATOR_PID in env:
+    with contextlib.suppress(psutil.NoSuchProcess):
+      out["emulator_cpu_s"] = sum(psutil.Process(int(env[EMULATOR_PID])).cpu_times()[:2])
+  return out
+
+
 def vm_hwm_mib() -> int:
   """This process's peak RSS. Not ru_maxrss: exec keeps the forking parent's peak there."""
   status = pathlib.Path("/proc/self/status").read_text()
@@ -283,11 +298,13 @@ def readers(bench, label, source_dir, shards, batch_size, env=None, threads=0,
            "--seq-len", str(bench.args.seq_len), "--reader-threads", str(threads)]
           for shard in shards]
   logs = [bench.work / f"logs/read-{label}-{s.replace('/', 'of')}{tag}.log" for s in shards]
-  rows = []
-  for r in run_tree(cmds, logs, env):
+  rows, cpu = [], cpu_seconds(env)
+  results = run_tree(cmds, logs, env)
+  cpu = {k: round(v - cpu[k], 1) for k, v in cpu_seconds(env).items()}
+  for r in results:
     row = {"corpus": label, "seq_len": bench.args.seq_len, "threads": threads,
-           "error": failed(r), "wall_s": r["wall_s"],
-           "peak_tree_mib": r["peak_tree_mib"]}
+           "error": failed(r), "wall_s": r["wall_s"], "peak_tree_mib": r["peak_tree_mib"],
+           **({} if len(shards) > 1 else cpu)}
     if row["error"] is None:
       row.update(json.loads(pathlib.Path(r["log"]).read_text().strip().splitlines()[-1]))
     rows.append(row)
@@ -367,8 +384,10 @@ def run_parts(bench, parts, datasets: dict, env):
       tag = f"-t{threads}" + ("" if ms is None else f"-{ms:g}ms")
       with delayed(env, ms) as (reader_env, proxy):
         [row] = readers(bench, label, where, ["0/1"], 32, reader_env, threads, tag)
+        cpu_s = proxy.cpu_s() if proxy else None
       if proxy is not None:
-        row.update(latency_ms=ms if ms % 1 else int(ms), proxy_connections=proxy.connections)
+        row.update(latency_ms=ms if ms % 1 else int(ms), proxy_connections=proxy.connections,
+                   proxy_cpu_s=round(cpu_s, 1))
       if label == "shakespeare" and base is None:
         base = row.get("real_tokens_per_s")
       if row.get("real_tokens_per_s") and base:
@@ -404,7 +423,8 @@ TABLES = {
                 "tokens_per_s", "peak_tree_mib", "peak_one_mib"],
     "input": ["corpus", "seq_len", "threads", "latency_ms", "shard", "batch_size", "batches",
               "real_tokens_per_s", "x_shakespeare", "efficiency", "startup_s",
-              "reader_peak_rss_mib", "proxy_connections"],
+              "reader_peak_rss_mib", "wall_s", "reader_cpu_s", "emulator_cpu_s", "proxy_cpu_s",
+              "proxy_connections"],
     "train": ["corpus", "wall_s", "peak_tree_mib", "peak_one_mib", "ratio_vs_shakespeare"],
     "two": ["corpus", "shard", "batch_size", "batches", "real_tokens_per_s", "efficiency",
             "reader_peak_rss_mib", "peak_tree_mib"],

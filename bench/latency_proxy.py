@@ -70,6 +70,10 @@ class LatencyProxy:
   def __exit__(self, *exc):
     self.close()
 
+  def cpu_s(self) -> float:
+    """CPU seconds the relay's thread has used (while it runs)."""
+    return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
+
   def close(self) -> None:
     """Stops the loop, which closes every connection and the listener."""
     self._closed = True

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 from conftest import random_ids, tiny_config
 from jaxencoder import Encoder, EncoderForMaskedLM
 from jaxencoder.stack_layout import loop_to_scan
-from jaxencoder import pretrained
+from jaxencoder import flash, pretrained
 from jaxencoder.pretrained import modernbert
 from jaxencoder.tokenizer import Tokenizer
 
@@ -115,14 +115,18 @@ def test_scanned_stack_equals_looped_stack(jit):
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
-def test_splash_serves_the_pattern_looped_and_falls_back_to_xla_scanned(scan_layers):
+def test_splash_serves_the_pattern_looped_and_scanned(scan_layers):
+  """Every layer on splash either way (scanned: by period, each slot's window static)."""
   cfg = modern_config(scan_layers=scan_layers)
   params = init(cfg.replace(scan_layers=False), IDS)
   params = loop_to_scan(params) if scan_layers else params
   mask_BxL = jnp.ones_like(IDS).at[1, 9:].set(0)
   real = lambda impl: run(cfg.replace(attention_impl=impl), params, IDS,
                           attention_mask=mask_BxL).last_hidden_state[mask_BxL.astype(bool)]
-  chex.assert_trees_all_close(real("splash"), real("xla"), atol=1e-5, rtol=1e-5)
+  with flash.recorded_plans() as plans:
+    on_splash = real("splash")
+  assert [p.impl for p in plans[-1]] == ["splash"] * cfg.num_layers
+  chex.assert_trees_all_close(on_splash, real("xla"), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -280,12 +284,11 @@ def hf_model(torch, transformers, masked_lm: bool):
   return model
 
 
-def padded_batch(vocab: int = 211):
-  ids_BxL = np.random.RandomState(0).randint(3, vocab, (3, 20))
-  mask_BxL = np.ones_like(ids_BxL)
-  for row, length in ((1, 13), (2, 6)):
-    mask_BxL[row, length:], ids_BxL[row, length:] = 0, 0
-  return ids_BxL, mask_BxL
+def padded_batch(vocab: int = 211, lengths: tuple[int, ...] = (20, 13, 6)):
+  """Random ids [B, L] (L = lengths[0]), row b right-padded with 0 after lengths[b]."""
+  ids_BxL = np.random.RandomState(0).randint(3, vocab, (len(lengths), lengths[0]))
+  mask_BxL = (np.arange(lengths[0])[None, :] < np.array(lengths)[:, None]).astype(ids_BxL.dtype)
+  return ids_BxL * mask_BxL, mask_BxL
 
 
 def torch_run(torch, model, ids_BxL, mask_BxL):
@@ -397,14 +400,17 @@ def test_live_configs_modernbert_base_cpu_run_converts_to_transformers_with_its_
   model = transformers.ModernBertForMaskedLM.from_pretrained(
       tmp_path / "hf", attn_implementation="eager").eval()
   cfg = encoder_config(config)
-  ids_BxL, mask_BxL = padded_batch(cfg.vocab_size)
+  ids_BxL, mask_BxL = padded_batch(cfg.vocab_size, lengths=(config.data.seq_len, 77, 30))
   params = nn.meta.unbox(th.final_params(config, tmp_path / "run"))
   assert "layers" in params["encoder"]  # the scanned layout
-  logits, _ = EncoderForMaskedLM(cfg).apply({"params": params}, jnp.asarray(ids_BxL),
-                                            jnp.asarray(mask_BxL))
-  error = max_real_diff(torch_run(torch, model, ids_BxL, mask_BxL), logits, mask_BxL)
+  logits = lambda c: EncoderForMaskedLM(c).apply({"params": params}, jnp.asarray(ids_BxL),
+                                                 jnp.asarray(mask_BxL))[0]
+  reference = torch_run(torch, model, ids_BxL, mask_BxL)
+  error = max_real_diff(reference, logits(cfg), mask_BxL)
   print(f"configs/modernbert_base.py:cpu run -> transformers: logits max-abs {error:.2e}")
   assert error < 1e-4
+  # The rows are long enough that the window hides tokens: all-global layers would differ.
+  assert max_real_diff(reference, logits(cfg.replace(global_attention_every=1)), mask_BxL) > 1e-3
 
 
 # ------------------------------------------------------------------ trained here, exported

@@ -129,6 +129,18 @@ def test_read_ahead_threads_give_the_batches_of_reading_in_the_caller(corpus, mo
   _assert_batches_equal(_batches(corpus, 12, mode=mode, threads=4), want)
 
 
+def test_a_reading_ahead_iterator_resumes_at_the_next_batch(corpus):
+  make = lambda: iter(pipeline.mlm_pipeline(  # noqa: E731
+      corpus, tiny_tokenizer(), seq_len=16, batch_size=8, mode="pack",
+      read=Reading(seed=1, num_epochs=None, shard_index=0, shard_count=1, num_threads=4)))
+  whole, it = _batches(corpus, 9), make()
+  _assert_batches_equal([next(it) for _ in range(4)], whole[:4])
+  state = it.get_state()  # while the threads hold chunks read ahead
+  resumed = make()
+  resumed.set_state(state)
+  _assert_batches_equal([next(resumed) for _ in range(5)], whole[4:])
+
+
 class SlowFiles:
   """RangeReader._pread that sleeps first, counting the reads under way and the rows
   gathered: a file system far away."""

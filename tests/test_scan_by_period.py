@@ -166,3 +166,15 @@ def test_a_fallback_names_the_config_key_to_change():
       ("splash", "attention dropout is on (the kernel has none: set "
                  "model.attention_dropout_rate=0)"): [0, 1, 2]}
   assert flash.layer_ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+
+
+def test_cudnn_serves_the_global_layers_and_the_local_ones_fall_back_alone(monkeypatch):
+  """cuDNN's windows are causal only: ModernBERT's two-sided local windows run xla, its
+  global layers (0, 3, ..., 21) keep cuDNN."""
+  monkeypatch.setattr(flash, "max_cudnn_head_dim", lambda: 256)
+  plans = flash.plan_layers(modern(22, attention_impl="cudnn", dtype="bfloat16"),
+                            backend="gpu")
+  assert [i for i, p in enumerate(plans) if p.impl == "cudnn"] == list(range(0, 22, 3))
+  assert list(flash.fallbacks(plans)) == [
+      ("cudnn", "a two-sided sliding window (cuDNN windows are causal only: "
+                "model.sliding_window)")]

@@ -84,7 +84,7 @@ def base_config() -> ml_collections.ConfigDict:
       #                  each series by up to this many steps (time_series)
       random_scale=0.0,  # time_series, train: scale each series by a factor in [1 - s, 1 + s]
       # grain read threads per process, reading the next batches ahead (hides an object
-      # store's latency); 0: read in the caller; -1: 8 for data on gs://, else 0
+      # store's latency); 0: read in the caller; -1: 4 for data on gs://, else 0
       num_threads=-1,
       # grain worker processes making the train batches (the same batches for any
       # number); -1: 0 when the step runs on the CPU (it needs the cores), else

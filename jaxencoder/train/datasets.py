@@ -26,7 +26,7 @@ from jaxencoder.train.config import base_config, rows_per_step
 log = logging.getLogger("jaxencoder")
 
 TEXT_KINDS = builders.TEXT_KINDS
-READ_AHEAD_THREADS = 8  # data.num_threads=-1 for data on an object store
+READ_AHEAD_THREADS = 4  # data.num_threads=-1 for data on an object store
 
 
 @dataclasses.dataclass
@@ -312,11 +312,11 @@ def num_workers(config, src, tok) -> int:
 def num_threads(config, src) -> int:
   """data.num_threads, or for -1: READ_AHEAD_THREADS when `src` lies on an object store
   (its threads read the next chunks while this one is used: 50 ms from the bucket, one
-  process reads 3x more, docs/performance.md), else 0 (from local disk, reading in the
-  caller is fastest)."""
+  process reads 1.7-2.5x more, as fast as at 0 ms; docs/performance.md), else 0 (from
+  local disk, reading in the caller is fastest)."""
   if config.data.num_threads < -1:
     raise ValueError(f"data.num_threads={config.data.num_threads}: give 0 or more threads, "
-                     "or -1 (8 for data on gs://, else 0)")
+                     "or -1 (4 for data on gs://, else 0)")
   if config.data.num_threads >= 0:
     return config.data.num_threads
   return READ_AHEAD_THREADS if on_object_store(src) else 0
