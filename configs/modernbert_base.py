@@ -27,6 +27,7 @@ best-fit packed, WSD, 30% masking), on the offline Shakespeare text, in minutes 
 Compiled for Cloud TPU on this CPU host (docs/performance.md, "Modern encoder recipe").
 """
 
+from jaxencoder.config import MODERNBERT
 from jaxencoder.train.config import base_config
 
 LONG_LEN = 8_192  # phase 2's rows (modernbert_base_long.py); the table RoPE never reads
@@ -35,18 +36,14 @@ LONG_LEN = 8_192  # phase 2's rows (modernbert_base_long.py); the table RoPE nev
 def get_config(arg: str | None = None):
   config = base_config()
   model = config.model
+  model.update(MODERNBERT)
   model.num_layers, model.emb_dim, model.num_heads, model.mlp_dim = 22, 768, 12, 1152
-  model.vocab_size, model.max_len, model.type_vocab_size = 50_368, LONG_LEN, 0
-  model.position_embedding = "rope"
-  model.rope_base, model.local_rope_base = 160_000.0, 10_000.0
-  model.global_attention_every, model.sliding_window = 3, 64
-  model.activation = "geglu"
-  model.norm_position, model.first_attention_norm = "pre", False
-  model.use_bias, model.norm_bias, model.norm_eps = False, False, 1e-5
+  model.vocab_size, model.max_len = 50_368, LONG_LEN
   model.dropout_rate = model.attention_dropout_rate = 0.0
-  model.dtype, model.scan_layers, model.remat_policy = "bfloat16", True, "save_dots"
+  # remat: save_dots and save_dots_no_batch need 16.1 GiB per v5e chip at 256 (of 16);
+  # full needs 6.7 GiB (docs/performance.md, "Modern encoder recipe")
+  model.dtype, model.scan_layers, model.remat_policy = "bfloat16", True, "full"
   model.attention_impl = "auto"
-  model.family = "modernbert"
   config.mlm_loss_chunk = 128
   config.data.source = "text_corpus/default"
   config.data.seq_len = 1_024

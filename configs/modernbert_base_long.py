@@ -47,7 +47,6 @@ def get_config(arg: str | None = None):
     config.log_every, config.eval_every, config.checkpoint_every = 10, 40, 20
     return config
   config.data.seq_len = 8_192
-  config.model.remat_policy = "full"  # save_dots at 8 rows per v5e chip: 18+ GiB (table)
   config.batch_size = config.eval_batch_size = 64
   config.num_train_steps = 50_000
   config.log_every, config.eval_every, config.checkpoint_every = 50, 5_000, 2_500

@@ -16,6 +16,14 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "large": (24, 1024, 16),
 }
 
+# ModernBERT's architecture apart from its sizes (Warner et al. 2024; Hugging Face
+# ModernBertConfig: local_attention 128 is |i - j| <= 64): configs/modernbert_*.py start
+# from it, a few keys overridden.
+MODERNBERT = dict(type_vocab_size=0, position_embedding="rope", rope_base=160_000.0,
+                  local_rope_base=10_000.0, global_attention_every=3, sliding_window=64,
+                  activation="geglu", norm_position="pre", first_attention_norm=False,
+                  use_bias=False, norm_bias=False, norm_eps=1e-5, family="modernbert")
+
 INPUT_KINDS = ("text", "image", "series")
 # Hugging Face layout a checkpoint converts back to (jaxencoder.pretrained).
 FAMILIES = ("bert", "roberta", "distilbert", "electra", "modernbert", "vit")

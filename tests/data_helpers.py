@@ -35,3 +35,12 @@ def built_once(tmp_path_factory, worker_id, name: str, build):
     if not done.exists():
       done.write_text(json.dumps(build(root)))
     return root, json.loads(done.read_text())
+
+
+def assert_batches_equal(a, b):
+  """Two lists of batches (dicts of arrays) are equal, key by key."""
+  assert len(a) == len(b)
+  for k, (x, y) in enumerate(zip(a, b)):
+    assert x.keys() == y.keys()
+    for key in x:
+      np.testing.assert_array_equal(x[key], y[key], err_msg=f"batch {k}, {key}")

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from data_helpers import VOCAB, WORDS, built_once, tiny_tokenizer
+from data_helpers import VOCAB, WORDS, assert_batches_equal, built_once, tiny_tokenizer
 from gcs_emulator import gcs  # noqa: F401 (fixture)
 from jaxencoder.data import builders, byte_ranges, pipeline, sources, token_ids
 from jaxencoder.data.mixture import Mixture, parse_weights
@@ -60,14 +60,6 @@ def _texts(source) -> list[str]:
 def _assert_rows_equal(got, want):
   for g, w, name in zip(got, want, ("input_ids", "word_ids", "lengths"), strict=True):
     np.testing.assert_array_equal(g, w, err_msg=name)
-
-
-def _assert_batches_equal(a, b):
-  assert len(a) == len(b)
-  for k, (x, y) in enumerate(zip(a, b)):
-    assert x.keys() == y.keys()
-    for key in x:
-      np.testing.assert_array_equal(x[key], y[key], err_msg=f"batch {k}, {key}")
 
 
 def _take(ds, n):
@@ -149,7 +141,7 @@ def test_sharded_ids_give_the_mlm_batches_of_tokenising(sharded, mode):
                                       read=Reading(seed=1, **ONE)))
   stored = batches(True)
   assert len(stored) >= (len(source) // 8 if mode == "pad" else 3)
-  _assert_batches_equal(stored, batches(False))
+  assert_batches_equal(stored, batches(False))
 
 
 # ------------------------------------------------------------------ incomplete ids
@@ -322,7 +314,7 @@ def test_mlm_batches_read_from_gcs_equal_the_local_ones(on_gcs):
   def batches(source):
     return list(pipeline.mlm_pipeline(source, tiny_tokenizer(), seq_len=16, batch_size=8,
                                       read=Reading(seed=4, **ONE)))
-  _assert_batches_equal(batches(remote), batches(local))
+  assert_batches_equal(batches(remote), batches(local))
 
 
 # ------------------------------------------------------------------ held-out views
@@ -438,7 +430,7 @@ def _mixed_batches(mix, n, *, batch_size=8, mode="pad", mask=None, use_stored_id
 
 @pytest.mark.parametrize("mode", ["pad", "pack", "best_fit"])
 def test_mixture_batches_from_stored_ids_equal_tokenising(mixed, mode):
-  _assert_batches_equal(_mixed_batches(mixed, 6, mode=mode),
+  assert_batches_equal(_mixed_batches(mixed, 6, mode=mode),
                         _mixed_batches(mixed, 6, mode=mode, use_stored_ids=False))
 
 
@@ -464,11 +456,11 @@ def test_a_resumed_mixture_pipeline_goes_on_exactly(mixed, mode):
   make = lambda: pipeline.mlm_pipeline(mixed, tiny_tokenizer(), seq_len=16, batch_size=8,
                                        mode=mode, read=read)
   it = iter(make())
-  _assert_batches_equal([next(it) for _ in range(3)], whole[:3])
+  assert_batches_equal([next(it) for _ in range(3)], whole[:3])
   state = it.get_state()
   resumed = iter(make())
   resumed.set_state(state)
-  _assert_batches_equal([next(resumed) for _ in range(4)], whole[3:7])
+  assert_batches_equal([next(resumed) for _ in range(4)], whole[3:7])
 
 
 def test_two_processes_read_their_rows_of_the_same_mixture_batches(mixed):
@@ -495,7 +487,7 @@ def test_a_process_with_only_fill_rows_in_the_last_mixture_batch_gets_zero_rows(
 
 @pytest.mark.slow
 def test_worker_processes_make_the_same_mixture_batches(mixed):
-  _assert_batches_equal(_mixed_batches(mixed, 6, workers=2), _mixed_batches(mixed, 6))
+  assert_batches_equal(_mixed_batches(mixed, 6, workers=2), _mixed_batches(mixed, 6))
 
 
 # ------------------------------------------------------------------ make_pipelines
@@ -712,7 +704,7 @@ def test_an_ids_only_corpus_gives_the_batches_of_the_full_one(tmp_path):
     source = sources.open_source(name, "train", tmp_path / "tfds")
     assert len(source) == 120
     read = Reading(seed=2, **ONE)
-    _assert_batches_equal(
+    assert_batches_equal(
         _take(pipeline.mlm_pipeline(source, tok, seq_len=16, batch_size=8, read=read), 5),
         _take(pipeline.mlm_pipeline(sources.open_source(str(full)), tok, seq_len=16,
                                     batch_size=8, read=read), 5))

@@ -13,7 +13,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from data_helpers import VOCAB, WORDS, tiny_tokenizer
+from data_helpers import VOCAB, WORDS, assert_batches_equal, tiny_tokenizer
 from gcs_emulator import gcs  # noqa: F401 (fixture)
 from jaxencoder.data import builders, byte_ranges, pipeline, sources, token_ids
 from jaxencoder.data.pipeline import Reading
@@ -45,14 +45,6 @@ def _batches(source, n, *, mode="pack", threads=0, batch_size=8):
                                   mode=mode, read=Reading(seed=1, num_epochs=None, shard_index=0,
                                                           shard_count=1, num_threads=threads)))
   return [next(it) for _ in range(n)]
-
-
-def _assert_batches_equal(a, b):
-  assert len(a) == len(b)
-  for k, (x, y) in enumerate(zip(a, b)):
-    assert x.keys() == y.keys()
-    for key in x:
-      np.testing.assert_array_equal(x[key], y[key], err_msg=f"batch {k}, {key}")
 
 
 # ------------------------------------------------------------------ joined reads
@@ -126,7 +118,7 @@ def test_read_ahead_threads_give_the_batches_of_reading_in_the_caller(corpus, mo
   want = _batches(corpus, 12, mode=mode)
   cache = byte_ranges.BlockCache
   monkeypatch.setattr(token_ids, "BlockCache", lambda capacity: cache(2))  # threads evict
-  _assert_batches_equal(_batches(corpus, 12, mode=mode, threads=4), want)
+  assert_batches_equal(_batches(corpus, 12, mode=mode, threads=4), want)
 
 
 def test_a_reading_ahead_iterator_resumes_at_the_next_batch(corpus):
@@ -134,11 +126,11 @@ def test_a_reading_ahead_iterator_resumes_at_the_next_batch(corpus):
       corpus, tiny_tokenizer(), seq_len=16, batch_size=8, mode="pack",
       read=Reading(seed=1, num_epochs=None, shard_index=0, shard_count=1, num_threads=4)))
   whole, it = _batches(corpus, 9), make()
-  _assert_batches_equal([next(it) for _ in range(4)], whole[:4])
+  assert_batches_equal([next(it) for _ in range(4)], whole[:4])
   state = it.get_state()  # while the threads hold chunks read ahead
   resumed = make()
   resumed.set_state(state)
-  _assert_batches_equal([next(resumed) for _ in range(5)], whole[4:])
+  assert_batches_equal([next(resumed) for _ in range(5)], whole[4:])
 
 
 class SlowFiles:
@@ -172,7 +164,7 @@ def test_read_ahead_overlaps_slow_reads_and_holds_at_most_twice_its_threads(corp
   want = _batches(corpus, 6, mode="pad")
   files = SlowFiles(monkeypatch, 0.01)
   got = _batches(corpus, 6, mode="pad", threads=3)  # pad: a chunk is a batch
-  _assert_batches_equal(got, want)
+  assert_batches_equal(got, want)
   assert 1 < files.most <= 3  # reads overlap, one at a time per thread
   assert files.rows <= 6 + 2 * 3  # the batches taken and at most 2 x threads ahead
 
