@@ -18,8 +18,19 @@ CPU-sized variant: phase 1's (configs/modernbert_base.py:cpu) at 512 tokens, fro
   python train.py --config configs/modernbert_base.py:cpu --workdir runs/modernbert_base_cpu
   python train.py --config configs/modernbert_base_long.py:cpu --workdir runs/modernbert_long_cpu \\
       --config.init_from=runs/modernbert_base_cpu
+Measured (2026-12-04, 2 CPU cores, beside other work): best-fit fill 0.999 at 512 tokens,
+encoder and MLM head loaded from phase 1's step 200; train MLM loss 6.40 over steps 1-10
+(phase 1 ended at 6.44: no restart from log(vocab) = 10.3), eval loss 6.34 at step 40.
 
-Compiled for Cloud TPU on this CPU host (docs/performance.md, "Modern encoder recipe").
+Compiled for Cloud TPU on this CPU host (python bench/tpu_compile.py; docs/performance.md,
+"Modern encoder recipe"), the train step at batch 64, per chip (remat full: save_dots
+needs 18.3 GiB per v5e chip already at batch 40):
+
+  target  memory            largest batch  attention (train step)  compile
+  v5e-8   13.73 of 16 GiB   9 (72)         splash 22/22             85 s
+  v5p-8   19.16 of 95 GiB   -              splash 22/22             99 s
+  v6e-8   11.76 of 32 GiB   -              splash 22/22            233 s
+  h100-8  70.75 of 79 GiB   -              cudnn 8/22 (local layers xla)   9 s
 """
 
 import importlib.util
@@ -41,7 +52,7 @@ def get_config(arg: str | None = None):
   config.model.rope_base = 160_000.0
   config.mlm_loss_chunk = 128
   if arg == "cpu":
-    config.data.seq_len, config.model.max_len = 512, 512
+    config.data.seq_len = 512
     config.batch_size, config.eval_batch_size = 4, 8
     config.num_train_steps, config.optim.warmup_steps = 40, 4
     config.log_every, config.eval_every, config.checkpoint_every = 10, 40, 20
