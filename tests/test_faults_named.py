@@ -320,4 +320,7 @@ def test_train_py_full_disk_is_one_line_and_exit_75(tmp_path, corpus, size, dura
   assert match and bool(match[3]) == durable, line
   steps = sorted(int(name) for name in result.stdout.split() if name.isdigit())
   assert steps[-1:] == ([int(match[3])] if match[3] else [])  # the durable step is listed
-  assert int(match[1]) not in steps and len(result.stderr.splitlines()) < 15, result.stderr
+  # No traceback: the run's own INFO lines (a step and a save every 5 steps) grow with how
+  # many saves fit before the disk fills, which depends on when old ones are deleted.
+  noise = [l for l in result.stderr.splitlines() if " INFO " not in l]
+  assert int(match[1]) not in steps and len(noise) < 15, result.stderr
