@@ -223,7 +223,9 @@ def test_convert_refuses_a_non_empty_target_and_overwrite_replaces_all_of_it(tmp
   save(tmp_path / "hf", cfg, params)
   convert(tmp_path / "hf", tmp_path / "run")
   mean_cfg, mean_params = tiny_bert(pooling="mean", pooler_dense=False)
-  save(tmp_path / "old_hf", mean_cfg, mean_params)
+  save(tmp_path / "mean_hf", mean_cfg, mean_params)
+  convert(tmp_path / "mean_hf", tmp_path / "mean_run")
+  convert(tmp_path / "mean_run", tmp_path / "old_hf")  # convert's own output: replaceable
   assert (tmp_path / "old_hf" / "1_Pooling").is_dir()
   with pytest.raises(FileExistsError, match=r"old_hf is not empty.*--overwrite"):
     convert(tmp_path / "run", tmp_path / "old_hf")

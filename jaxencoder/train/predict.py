@@ -246,6 +246,8 @@ def _positive(text: str) -> int:
 
 
 def _main(args) -> None:
+  if args.out:  # before any work: a refused --out costs nothing
+    _check_out(args.out, args)
   lines = [line for line in pathlib.Path(args.input).read_text(encoding="utf-8").splitlines()
            if line.strip()]
   jsonl = (args.format or ("jsonl" if (args.out or "").endswith(".jsonl") else "text")) == "jsonl"
@@ -256,10 +258,19 @@ def _main(args) -> None:
     _emit(args.out, rows, f"{len(lines)} predictions (JSON lines)")
   elif isinstance(result.outputs, np.ndarray):
     out = pathlib.Path(args.out or "embeddings.npy")
+    _check_out(out, args)
     np.save(out, result.outputs)
     print(f"wrote {out}: {result.outputs.shape[0]} x {result.outputs.shape[1]} pooled vectors")
   else:
     _emit(args.out, text_lines(result, lines), f"{len(lines)} predictions")
+
+
+def _check_out(out, args) -> None:
+  """Refuses an output file that is the --input file or lies in the run (or its tokenizer)."""
+  from jaxencoder.io import outputs
+  from jaxencoder.io.run_dir import RunDir
+  inputs = [("--input", args.input), *outputs.run_inputs("--run", RunDir.open(args.run))]
+  outputs.check_apart(("--out", out), inputs)
 
 
 def _emit(out: str | None, rows: list[str], what: str) -> None:
