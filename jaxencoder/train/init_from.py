@@ -111,7 +111,9 @@ def pretrained_run_dir(init_from: str, data_dir) -> str:
   done = target / CONVERTED_FROM
   if not done.exists() or json.loads(done.read_text()) != stamp:
     log.info("init_from=%s: converting %s into %s", init_from, source, target)
-    convert(source, target, overwrite=True)
+    if target.exists():  # a stale conversion in init_from's own cache
+      target.rmtree()
+    convert(source, target)
     done.write_text(json.dumps(stamp, indent=1) + "\n")
   return str(target)
 
