@@ -61,6 +61,20 @@ def test_train_names_the_closest_config_key(capsys, tmp_path):
                  f"optim.learning_rate? {LIST_KEYS}")
 
 
+@pytest.mark.parametrize("override, allowed", [
+    ("optim.learning_rate=-1", "a number > 0"), ("optim.learning_rate=0", "a number > 0"),
+    ("optim.warmup_steps=-5", "an integer >= 0"), ("optim.weight_decay=-1", "a number >= 0"),
+    ("optim.grad_clip_norm=-1", "a number >= 0"), ("optim.grad_accum_steps=0", "an integer >= 1")])
+def test_train_refuses_a_value_that_cannot_be_right_before_the_workdir_exists(
+    capsys, tmp_path, override, allowed):
+  workdir = tmp_path / "run"
+  err = one_error_line(capsys, train_main, ["--config", "configs/mlm_tiny.py", "--workdir",
+                                            str(workdir), f"--config.{override}"])
+  key = override.split("=")[0]
+  assert err.startswith(f"error: {key}=") and f"cannot be right: it must be {allowed}" in err
+  assert not workdir.exists()
+
+
 def test_override_model_names_the_closest_fields():
   with pytest.raises(KeyError) as error:
     override_model(base_config(), emb_size=48)

@@ -138,6 +138,36 @@ def test_unknown_config_key_raises(loop_params):
     make_optimizer(cfg, loop_params, num_layers=N)
 
 
+BAD_VALUES = [
+    ("learning_rate", -1.0, "a number > 0"), ("learning_rate", 0.0, "a number > 0"),
+    ("warmup_steps", -5, "an integer >= 0"), ("weight_decay", -1.0, "a number >= 0"),
+    ("grad_clip_norm", -0.5, "a number >= 0"), ("grad_accum_steps", 0, "an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize("key, value, allowed", BAD_VALUES)
+def test_a_value_that_cannot_be_right_raises_naming_key_and_range(loop_params, key, value,
+                                                                  allowed):
+  line = f"optim.{key}={value!r} cannot be right: it must be {allowed}"
+  with pytest.raises(ValueError, match=re.escape(line)):
+    make_optimizer(config(**{key: value}), loop_params, num_layers=N)
+
+
+@pytest.mark.parametrize("key, value, allowed", BAD_VALUES)
+def test_finalize_refuses_a_value_that_cannot_be_right(key, value, allowed):
+  from jaxencoder.train.config import base_config, finalize
+  cfg = base_config()
+  cfg.optim[key] = value
+  with pytest.raises(ValueError, match=re.escape(f"optim.{key}={value!r} cannot be right")):
+    finalize(cfg)
+
+
+def test_the_edges_of_the_ranges_are_accepted():
+  from jaxencoder.train.optim import check
+  check(config(warmup_steps=0, weight_decay=0.0, grad_clip_norm=None, grad_accum_steps=1,
+               learning_rate=1e-9))
+
+
 # Weight decay.
 
 def test_weight_decay_mask_skips_biases_norms_and_optionally_embeddings(params):

@@ -141,7 +141,7 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
   from jaxencoder.train.config import apply_overrides
   import jax
-  from jaxencoder.train import loop
+  from jaxencoder.train import loop, optim
   if args.config is None and not args.eval_only:
     raise cli.UserError("--config is required (except with --eval_only)")
   config = load_config(args.config) if args.config else None
@@ -152,6 +152,7 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
   if args.eval_only:
     metrics = loop.evaluate_run(config, args.workdir)
   else:
+    optim.check(config.optim)  # a value that cannot be right: refused before the workdir exists
     check_writable_workdir(args.workdir)
     metrics = loop.train_and_evaluate(config, args.workdir)
   return metrics if jax.process_index() == 0 else None

@@ -20,6 +20,7 @@ from jaxencoder import cli
 from jaxencoder.config import EncoderConfig
 from jaxencoder.data import packing
 from jaxencoder.tasks import registry
+from jaxencoder.train.optim import check as check_optim
 from jaxencoder.train.optim import default_optim_config, wsd_decay_steps
 from jaxencoder.train.sharding import DEFAULT_RULES
 
@@ -132,6 +133,7 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_positive(config, ("num_train_steps", "batch_size", "eval_batch_size", "log_every",
                            "eval_every", "checkpoint_every"))
   _check_keep_every(config)
+  check_optim(config.optim)
   _check_packing(config.data)
   if config.rng_impl not in RNG_IMPLS:
     raise ValueError(f"rng_impl must be one of {', '.join(map(repr, RNG_IMPLS))}, "

@@ -272,6 +272,34 @@ def _has_frozen_slices(params, opts) -> bool:
 
 # Config handling.
 
+# key -> (whether a value can be right, the valid range in words). A learning rate <= 0 or
+# a negative warmup trains without an error, by gradient ascent or not at all.
+_RANGES = {
+    "learning_rate": (lambda v: v > 0, "a number > 0"),
+    "warmup_steps": (lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
+    "weight_decay": (lambda v: v >= 0, "a number >= 0 (0: no decay)"),
+    "grad_clip_norm": (lambda v: v is None or v >= 0, "a number >= 0 (0 or None: no clipping)"),
+    "grad_accum_steps": (lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+}
+
+
+def check(cfg: Mapping[str, Any]) -> None:
+  """ValueError in one line for an unknown key or a value that cannot be right: what
+  config.finalize (and train.py, before it creates the workdir) asks first."""
+  _resolve(cfg)
+
+
+def _check_ranges(opts) -> None:
+  for key, (valid, allowed) in _RANGES.items():
+    value = opts[key]
+    try:
+      ok = valid(value) and not isinstance(value, bool)
+    except TypeError:  # e.g. a string
+      ok = False
+    if not ok:
+      raise ValueError(f"optim.{key}={value!r} cannot be right: it must be {allowed}")
+
+
 def _resolve(cfg: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """Defaults overridden by cfg; unknown keys raise so typos do not pass silently."""
   defaults = default_optim_config().to_dict()
@@ -280,8 +308,7 @@ def _resolve(cfg: Mapping[str, Any]) -> ml_collections.ConfigDict:
   if unknown:
     raise ValueError(f"unknown optimizer config keys {unknown}; allowed: {sorted(defaults)}")
   opts = ml_collections.ConfigDict({**defaults, **given})
-  if not isinstance(opts.grad_accum_steps, int) or opts.grad_accum_steps < 1:
-    raise ValueError(f"grad_accum_steps must be an integer >= 1, got {opts.grad_accum_steps!r}")
+  _check_ranges(opts)
   if opts.layer_decay is not None and not 0.0 < opts.layer_decay <= 1.0:
     raise ValueError(f"layer_decay must be None or in (0, 1], got {opts.layer_decay}")
   return opts
