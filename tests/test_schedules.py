@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import train_helpers as th
-from data_helpers import VOCAB, sentences, tiny_tokenizer
+from data_helpers import VOCAB, assert_batches_equal, sentences, tiny_tokenizer
 from jaxencoder.data import mlm, packing, pipeline
 from jaxencoder.data.pipeline import Reading
 from jaxencoder.tasks import masked_lm
@@ -169,14 +169,6 @@ def _take(iterator, n):
   return [next(iterator) for _ in range(n)]
 
 
-def _assert_same(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert x.keys() == y.keys()
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
-
-
 SCHEDULE = ((2, 0.5), (5, 0.1))  # batches 0-1: mask_rate 0.15; 2-4: 0.5; 5 on: 0.1
 
 
@@ -185,7 +177,7 @@ def test_batch_k_is_the_constant_rate_pipelines_batch_k_at_the_rate_of_k(mode):
   scheduled = _take(iter(_mlm(SCHEDULE, mode=mode)), 7)
   for k, batch in enumerate(scheduled):
     rate = mlm.scheduled_rate(SCHEDULE, k, 0.15)
-    _assert_same([batch], [_take(iter(_mlm(rate=rate, mode=mode)), k + 1)[k]])
+    assert_batches_equal([batch], [_take(iter(_mlm(rate=rate, mode=mode)), k + 1)[k]])
     if mode == "pad":
       n = _candidates(batch)
       np.testing.assert_array_equal(batch["mlm_weights"].sum(1),
@@ -205,15 +197,15 @@ def test_masks_of_batch_k_are_the_same_after_a_restore(mode):
   saved = {"process_count": 1, "layout": 2, "workers": 0, "states": [first.get_state()]}
   resumed = iter(_mlm(SCHEDULE, mode=mode))
   restore_data_position(resumed, saved, step=3)
-  _assert_same(_take(resumed, 5), straight[3:])
+  assert_batches_equal(_take(resumed, 5), straight[3:])
   skipped = iter(_mlm(SCHEDULE, mode=mode))
   restore_data_position(skipped, {}, step=3)  # no usable state: skips 3 batches
-  _assert_same(_take(skipped, 5), straight[3:])
+  assert_batches_equal(_take(skipped, 5), straight[3:])
 
 
 @pytest.mark.slow
 def test_worker_processes_make_the_scheduled_batches_of_the_caller():
-  _assert_same(_take(iter(_mlm(SCHEDULE, mode="pack", workers=2)), 7),
+  assert_batches_equal(_take(iter(_mlm(SCHEDULE, mode="pack", workers=2)), 7),
                _take(iter(_mlm(SCHEDULE, mode="pack")), 7))
 
 
@@ -315,7 +307,7 @@ def test_a_resumed_run_masks_each_step_at_its_rate_and_matches_an_uninterrupted_
   for run in ("straight", "resumed"):
     batches = [batch for name, batch in consumed if name == run]
     want = [expected[mlm.scheduled_rate(schedule, t, 0.15)][t] for t in range(8)]
-    _assert_same([{k: b[k] for k in ("input_ids", "mlm_weights")} for b in batches],
+    assert_batches_equal([{k: b[k] for k in ("input_ids", "mlm_weights")} for b in batches],
                  [{k: b[k] for k in ("input_ids", "mlm_weights")} for b in want])
   np.testing.assert_array_equal(th.train_losses(tmp_path / "resumed"),
                                 th.train_losses(tmp_path / "straight"))
