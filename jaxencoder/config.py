@@ -47,6 +47,14 @@ def block_kernels(cfg) -> tuple[str, ...]:
           + tuple(f"ffn/{p}/kernel" for p in ffn + ("wo",)))
 
 
+def local_layer(cfg, layer):
+  """Whether layer `layer` (an int, or traced in a scanned stack) attends locally; None
+  without a per-layer pattern (every layer then uses cfg.sliding_window)."""
+  if not cfg.global_attention_every:
+    return None
+  return layer % cfg.global_attention_every != 0
+
+
 def dataclass_from_dict(cls, fields: dict[str, Any] | None, noun: str = "field"):
   """cls(**fields), rejecting unknown keys by name so that typos do not pass silently."""
   fields = dict(fields or {})

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxencoder.attention import MultiHeadAttention
-from jaxencoder.config import EncoderConfig
+from jaxencoder.config import EncoderConfig, local_layer
 from jaxencoder.embeddings import Embeddings
 from jaxencoder.flash import AttentionPlan, plan_layers
 from jaxencoder.ffn import FeedForward
@@ -124,14 +124,6 @@ def check_head_mask(cfg: EncoderConfig, head_mask) -> jax.Array:
     raise ValueError(f"head_mask has shape {tuple(jnp.shape(head_mask))}, expected "
                      f"[num_layers, num_heads] = {list(expected)}")
   return jnp.asarray(head_mask, jnp.float32)
-
-
-def local_layer(cfg: EncoderConfig, layer):
-  """Whether layer `layer` (an int, or traced in a scanned stack) attends locally; None
-  without a per-layer pattern (every layer then uses cfg.sliding_window)."""
-  if not cfg.global_attention_every:
-    return None
-  return layer % cfg.global_attention_every != 0
 
 
 class EncoderBlock(nn.Module):

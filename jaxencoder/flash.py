@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.config import EncoderConfig, local_layer
 
 log = logging.getLogger(__name__)
 
@@ -192,12 +192,15 @@ def plan_layers(cfg: EncoderConfig, *, sparse_last: bool = False,
   the sparse last block (`sparse_last`: gathered query rows) are each planned for what they
   need, so a layer the kernel cannot serve falls back alone. One logged line per reason
   names its layers. `facts`: plan_attention's other keywords."""
-  every = cfg.global_attention_every
-  plans = tuple(plan_attention(cfg, local=(i % every != 0) if every else None, explain=False,
+  plans = tuple(plan_attention(cfg, local=local_layer(cfg, i), explain=False,
                                sparse_queries=sparse_last and i == cfg.num_layers - 1, **facts)
                 for i in range(cfg.num_layers))
   for message in fallback_lines(cfg, plans):
     _explain_once(message)
+  if any(p.interpret for p in plans):  # plan_attention's own line, kept once
+    backend = facts.get("backend") or target_backend()
+    _explain_once(f"attention_impl={cfg.attention_impl!r}: splash on {backend} runs in "
+                  "Pallas interpret mode (slow; meant for tests)")
   for recorder in _recorders:
     recorder.append(plans)
   return plans
