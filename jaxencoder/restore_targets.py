@@ -49,8 +49,9 @@ def encoder_params(cfg: EncoderConfig, *, scan_layers: bool | None = None) -> Pa
 
 
 def stored_encoder(run_dir, *, step: int | None = None, scan_layers: bool | None = None):
-  """A run directory's (io/run_dir.RunDir) Encoder params of `step` (default: latest) on
-  one device, in its stored stack layout or `scan_layers`'."""
-  step = run_dir.latest_step() if step is None else step
-  target = encoder_params(run_dir.model_config(step), scan_layers=scan_layers)
-  return run_dir.restore_encoder(target, step=step)
+  """A run directory's (io/run_dir.RunDir) Encoder params of `step` (default: the newest
+  that restores, see RunDir.newest_restorable) on one device, in its stored stack layout
+  or `scan_layers`'."""
+  restore = lambda s: run_dir.restore_encoder(
+      encoder_params(run_dir.model_config(s), scan_layers=scan_layers), step=s)
+  return run_dir.newest_restorable(restore, step)[1]

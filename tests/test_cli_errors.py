@@ -75,6 +75,58 @@ def test_train_refuses_a_value_that_cannot_be_right_before_the_workdir_exists(
   assert not workdir.exists()
 
 
+@pytest.mark.parametrize("body, said", [
+    ("return None", "get_config() returned None (no return?), not an ml_collections.ConfigDict"),
+    ("pass", "get_config() returned None (no return?), not an ml_collections.ConfigDict"),
+    ("return {'batch_size': 8}", "get_config() returned a dict, not an ml_collections.ConfigDict"),
+    ("return [1]", "get_config() returned a list, not an ml_collections.ConfigDict")])
+def test_train_refuses_a_get_config_that_returns_no_configdict_before_the_workdir_exists(
+    capsys, tmp_path, body, said):
+  config = tmp_path / "bad.py"
+  config.write_text(f"def get_config():\n  {body}\n")
+  workdir = tmp_path / "runs" / "run"
+  err = one_error_line(capsys, train_main, ["--config", str(config), "--workdir", str(workdir)])
+  assert err == (f"error: --config {config}: {said}; return one, e.g. base_config() from "
+                 "jaxencoder.train.config with the keys it changes")
+  assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("main, flags", [(train_main, ["--workdir", "WORKDIR"]),
+                                         (compile_main, ["--topology", "v5e-8"])])
+def test_a_get_config_that_raises_is_one_line_naming_the_file_line_and_error(
+    capsys, tmp_path, main, flags):
+  config = tmp_path / "bad.py"
+  config.write_text("def get_config():\n  raise RuntimeError('no such machine\\nmore')\n")
+  workdir = tmp_path / "run"
+  argv = ["--config", str(config), *[str(workdir) if f == "WORKDIR" else f for f in flags]]
+  assert one_error_line(capsys, main, argv) == (
+      f"error: --config {config}:2: RuntimeError: no such machine")
+  assert not workdir.exists()
+
+
+def test_a_variant_that_returns_a_dict_is_named_with_its_argument(tmp_path):
+  from jaxencoder.train.__main__ import load_config
+  config = tmp_path / "variants.py"
+  config.write_text("def get_config(arg=''):\n  return dict(arg=arg)\n")
+  with pytest.raises(cli.UserError, match=r"^--config .*variants.py: get_config\('cpu'\) "
+                                          r"returned a dict, not an ml_collections.ConfigDict"):
+    load_config(f"{config}:cpu")
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--config.batch_size=10"], "batch_size=10 does not divide over 8 data-parallel devices "
+     "(mesh data=8); use batch_size=8 or 16"),
+    (["--eval_only", "--config.eval_batch_size=12"], "eval_batch_size=12 does not divide over 8 "
+     "data-parallel devices (mesh data=8); use eval_batch_size=8 or 16")])
+def test_train_refuses_a_batch_the_devices_do_not_divide_before_the_workdir_exists(
+    capsys, tmp_path, flags, line):
+  workdir = tmp_path / "run"
+  err = one_error_line(capsys, train_main, ["--config", "configs/mlm_tiny.py", "--workdir",
+                                            str(workdir), *flags])
+  assert err == f"error: {line}"
+  assert not workdir.exists()
+
+
 def test_override_model_names_the_closest_fields():
   with pytest.raises(KeyError) as error:
     override_model(base_config(), emb_size=48)

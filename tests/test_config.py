@@ -125,3 +125,20 @@ def test_a_run_saved_before_a_setting_existed_resumes_at_its_default():
   assert config_changes(saved, config) == ([], [])
   saved["model"]["num_layers"] = 7
   assert config_changes(saved, config)[1] == [f"model.num_layers: 7 -> {config.model.num_layers}"]
+
+
+@pytest.mark.parametrize("batch, accum, structural", [
+    (16, 2, False), (8, 4, False), (4, 8, False), (16, 1, True), (8, 2, True)])
+def test_a_resume_may_split_a_steps_rows_another_way_but_not_change_them(batch, accum,
+                                                                        structural):
+  """batch_size x grad_accum_steps rows a step: the same batches and updates however they
+  are split (a run that ran out of memory resumes with smaller micro-batches)."""
+  from jaxencoder.io.checkpoint import to_json
+  from jaxencoder.train.config import base_config, finalize
+  from jaxencoder.train.resume import config_changes
+  saved = finalize(base_config())
+  saved.batch_size, saved.optim.grad_accum_steps = 32, 1
+  current = finalize(base_config())
+  current.batch_size, current.optim.grad_accum_steps = batch, accum
+  allowed, refused = config_changes(to_json(saved), current)
+  assert (allowed, refused)[structural] and not (allowed, refused)[not structural]

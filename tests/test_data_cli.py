@@ -102,6 +102,52 @@ def test_prepare_with_a_missing_column_exits_2_naming_it(tmp_path, capsys):
   assert "sentiment" in capsys.readouterr().err
 
 
+def refused_prepare(capsys, argv) -> str:
+  """The one line a refused `prepare` prints (exit code 2)."""
+  with pytest.raises(SystemExit) as exit_info:
+    main(["prepare", *argv])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert len(err.splitlines()) == 1, err
+  return err.strip()
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", ".hidden", "", "/abs/path", ".."])
+def test_prepare_refuses_a_name_that_is_not_a_plain_name_and_writes_nothing(
+    tmp_path, capsys, name):
+  src = tmp_path / "csvs"
+  src.mkdir()
+  (src / "train.csv").write_text("text,label\nhello,a\nbye,b\n")
+  data_dir = tmp_path / "out" / "data"
+  line = refused_prepare(capsys, ["text_classification", "--source", str(src), "--data-dir",
+                                  str(data_dir), "--name", name])
+  assert line == (f"error: dataset name {name!r} is not a plain name: a name is one folder "
+                  "name of letters, digits, '_', '-' and '.', starting with a letter, digit or "
+                  "'_' (the dataset becomes DATA_DIR/tfds/KIND/NAME)")
+  assert sorted(p.name for p in tmp_path.rglob("*")) == ["csvs", "train.csv"]
+
+
+def test_prepare_takes_a_plain_name_of_letters_digits_dots_and_dashes(tmp_path, capsys):
+  src = tmp_path / "csvs"
+  src.mkdir()
+  (src / "train.csv").write_text("text,label\nhello,a\nbye,b\n")
+  main(["prepare", "text_classification", "--source", str(src), "--data-dir",
+        str(tmp_path / "data"), "--name", "Reviews_2024-v1.2"])
+  assert sources.split_names("text_classification/Reviews_2024-v1.2",
+                             tmp_path / "data" / "tfds") == ["train"]
+
+
+def test_prepare_refuses_a_header_naming_a_column_twice_and_writes_nothing(tmp_path, capsys):
+  src = tmp_path / "csvs"
+  src.mkdir()
+  (src / "train.csv").write_text("text,label,label\nhello,a,b\nbye,b,a\n")
+  line = refused_prepare(capsys, ["text_classification", "--source", str(src), "--data-dir",
+                                  str(tmp_path / "data"), "--name", "dup"])
+  assert line == (f"error: {src / 'train.csv'}:1: header 'text,label,label' names column "
+                  "'label' 2 times (columns 2, 3): give each column its own name")
+  assert not (tmp_path / "data").exists()
+
+
 def test_stats_counts_tokens_and_truncation_of_a_prepared_corpus(tmp_path, capsys):
   """3 paragraphs of 3, 5 and 2 words: 5, 7 and 4 tokens with [CLS] / [SEP]; at
   seq_len 6 one example is longer, by one token."""

@@ -86,3 +86,19 @@ def test_missing_source_names_the_fetch_command(tmp_path):
   with pytest.raises(readers.DataError,
                      match=r"python -m jaxencoder.data fetch shakespeare --data-dir"):
     fetch.require("shakespeare", tmp_path)
+
+
+@pytest.mark.parametrize("read", [readers.read_classification, readers.read_records])
+def test_a_header_that_names_a_column_twice_is_refused_naming_it_and_its_columns(tmp_path, read):
+  path = _write(tmp_path, "train.csv", "text,label,label\ngood,pos,neg\n")
+  with pytest.raises(readers.DataError) as error:
+    list(read(path))
+  assert str(error.value) == (f"{path}:1: header 'text,label,label' names column 'label' 2 "
+                              "times (columns 2, 3): give each column its own name")
+
+
+def test_unnamed_columns_pass_and_a_name_three_times_lists_every_column():
+  readers.check_distinct("f.csv", 1, ["text", "label", "", ""])  # unnamed: not a name twice
+  with pytest.raises(readers.DataError, match=r"^f.csv:1: .* names column 'a' 3 times "
+                                              r"\(columns 1, 3, 4\)"):
+    readers.check_distinct("f.csv", 1, ["a", "b", "a", "a"])

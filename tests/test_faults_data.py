@@ -126,6 +126,86 @@ def test_an_image_class_only_the_test_split_has_is_refused():
   builders.check_train_has_all({"test": {3: "x"}})  # no train split: nothing to compare
 
 
+# --- a task with too few classes -------------------------------------------------------------
+def _one_class_config(tmp_path, kind: str, task: str, source: str):
+  config = base_config()
+  config.task, config.data.kind, config.data.source = task, kind, source
+  config.data.data_dir = str(tmp_path)
+  return config
+
+
+def _labelled(tmp_path, kind: str) -> str:
+  """A dataset of `kind` (under tmp_path/tfds, as kind/one) whose labels name one class."""
+  src = tmp_path / "src"
+  src.mkdir(exist_ok=True)
+  if kind == "text_classification":
+    (src / "train.csv").write_text("text,label\na cat,pos\na dog,pos\n")
+  elif kind == "tagged_tokens":
+    (src / "train.txt").write_text("the/DET cat/DET\na/DET dog/DET\n")
+  else:
+    np.savez(src / "train.npz", images=np.zeros((4, 8, 8), np.uint8), labels=np.zeros(4, int))
+  builders.prepare(kind, src, tmp_path / "tfds", name="one")
+  return f"{kind}/one"
+
+
+@pytest.mark.parametrize("kind, task, names, listed", [
+    ("text_classification", "classify", "'pos'", True),
+    ("tagged_tokens", "token_classify", "'DET'", True),
+    ("image_arrays", "classify", "'0'", False)])
+def test_a_set_with_one_class_is_refused_for_a_task_that_learns_classes(
+    tmp_path, kind, task, names, listed):
+  from jaxencoder.train import datasets
+  source = _labelled(tmp_path, kind)
+  with pytest.raises(readers.DataError) as error:
+    datasets.check_classes(_one_class_config(tmp_path, kind, task, source), source)
+  labels_txt = ", or a labels.txt beside its source files naming every class" if listed else ""
+  assert str(error.value) == (
+      f"{source}: its labels name 1 class ({names}); task={task} needs 2 or more to learn "
+      f"anything: add examples of another class{labels_txt}, and prepare it again")
+
+
+def test_one_class_is_accepted_where_classes_are_not_learnt_or_labels_txt_names_more(tmp_path):
+  """contrastive reads only the texts; multilabel learns yes / no for each label, so one
+  label is a task; a labels.txt naming both classes makes two."""
+  from jaxencoder.train import datasets
+  source = _labelled(tmp_path, "text_classification")
+  datasets.check_classes(_one_class_config(tmp_path, "text_classification", "contrastive",
+                                           source), source)
+  (tmp_path / "records").mkdir()
+  (tmp_path / "records" / "train.csv").write_text("text,labels\na cat,cat\na dog,\n")
+  builders.prepare("text_records", tmp_path / "records", tmp_path / "tfds", name="tags")
+  datasets.check_classes(_one_class_config(tmp_path, "text_records", "multilabel",
+                                           "text_records/tags"), "text_records/tags")
+  (tmp_path / "src" / "labels.txt").write_text("neg\npos\n")
+  builders.prepare("text_classification", tmp_path / "src", tmp_path / "tfds", name="one")
+  datasets.check_classes(_one_class_config(tmp_path, "text_classification", "classify",
+                                           source), source)
+
+
+def test_train_main_refuses_a_one_class_set_in_one_line_and_leaves_no_workdir(
+    tmp_path, capsys, monkeypatch):
+  from jaxencoder import cli
+  from jaxencoder.train import stop
+  from jaxencoder.train.__main__ import main
+  monkeypatch.setenv("JAXENCODER_VERBOSE", "1")  # main() leaves the library loggers as they are
+  monkeypatch.setattr(stop, "exit_on_second_interrupt", stop.exit_on_second_interrupt)
+  source, vocab = _labelled(tmp_path, "text_classification"), th.write_vocab(tmp_path)
+  workdir = tmp_path / "runs" / "one"
+  overrides = {"task": "classify", "data.kind": "text_classification", "data.source": source,
+               "data.data_dir": tmp_path, "data.tokenizer": vocab, "model.vocab_size": len(VOCAB),
+               "model.num_layers": 1, "batch_size": 8, "eval_batch_size": 8,
+               "progress_bar": False}
+  with pytest.raises(SystemExit) as exit_:
+    main(["--config", str(REPO / "configs/mlm_tiny.py"), "--workdir", str(workdir),
+          *[f"--config.{key}={value}" for key, value in overrides.items()]])
+  assert exit_.value.code == cli.EXIT_USER_ERROR
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+      f"error: {source}: its labels name 1 class ('pos'); task=classify needs 2 or more to "
+      "learn anything: add examples of another class, or a labels.txt beside its source files "
+      "naming every class, and prepare it again")
+  assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("column,value,message", [
     ("label", "1_0", "is not an integer"), ("label", "2.7", "is not an integer"),
     ("answer_start", "inf", "is not an integer"), ("target", "nan", "is not a finite number"),

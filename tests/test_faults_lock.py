@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -131,6 +132,35 @@ def test_every_process_of_a_job_fails_as_its_leader(tmp_path):
     with run_lock.hold(tmp_path, share=lambda mine: shared.append(mine) or mine):
       pass
   assert len(shared) == 1 and "is in use by another trainer" in shared[0]
+
+
+def test_a_heartbeat_from_the_future_names_the_skew_and_how_to_take_over(tmp_path, capsys):
+  """A holder whose clock is a day ahead: not "0 s ago; wait for it" for a day, and not
+  taken over either (it may run): the refusal names the skew and the lock file to delete."""
+  holder = write_lock(tmp_path, host="elsewhere", pid=4242, heartbeat=time.time() + 86400)
+  with pytest.raises(SystemExit) as exited:
+    cli.run_main(lambda: RunLock(tmp_path, timeout_s=1).acquire())
+  assert exited.value.code == cli.EXIT_USER_ERROR
+  (line,) = capsys.readouterr().err.splitlines()
+  match = re.fullmatch(
+      rf"error: {tmp_path} is locked by host elsewhere, pid 4242, whose last heartbeat is "
+      r"(\d+) s ahead of this host's clock: the clocks disagree, so the lock does not go "
+      r"stale \(lock_timeout_s\) until this one catches up; if no trainer runs as pid 4242 on "
+      rf"elsewhere, delete {tmp_path / LOCK} and rerun, else wait for it or use another "
+      r"--workdir", line)
+  assert match and 86390 <= int(match[1]) <= 86400, line
+  assert json.loads((tmp_path / LOCK).read_text()) == holder  # still theirs
+  (tmp_path / LOCK).unlink()  # the take-over the line names
+  lock = RunLock(tmp_path)
+  lock.acquire()
+  assert lock.release()
+
+
+def test_a_heartbeat_a_little_ahead_is_an_ordinary_holder(tmp_path):
+  write_lock(tmp_path, host="elsewhere", pid=1, heartbeat=time.time() + run_lock.SKEW_S / 2)
+  with pytest.raises(RunDirLockedError, match=r"in use by another trainer \(host elsewhere, "
+                     r"pid 1, .*last heartbeat 0 s ago\); wait for it"):
+    RunLock(tmp_path).acquire()
 
 
 def test_a_gcs_lock_is_exclusive_and_released(gcs):

@@ -118,6 +118,9 @@ def test_full_disk_errors_are_recognised_by_errno_text_and_cause():
   wrapped.__cause__ = OSError(errno.ENOSPC, "x")
   assert is_out_of_space(wrapped)
   assert not is_out_of_space(ValueError("RESOURCE_EXHAUSTED: Out of memory allocating 8 GiB"))
+  assert not is_out_of_space(ValueError(  # XLA:TPU's words: a memory space, not a disk
+      "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
+      "space hbm. Used 18.2G of 15.48G hbm. Exceeded hbm capacity by 2.7G."))
   assert not is_out_of_space(OSError(errno.EACCES, "Permission denied"))
 
 
@@ -188,6 +191,25 @@ def test_a_workdir_that_cannot_be_written_is_refused_by_name(tmp_path, monkeypat
 def test_a_new_workdir_is_created_and_passes(tmp_path):
   train_main.check_writable_workdir(str(tmp_path / "a" / "b"))
   assert (tmp_path / "a" / "b").is_dir() and not any((tmp_path / "a" / "b").iterdir())
+
+
+def test_folders_a_failed_command_made_are_removed_only_while_empty(tmp_path):
+  from jaxencoder.io import paths
+  (tmp_path / "kept").mkdir()
+  new = tmp_path / "kept" / "a" / "b"
+  with pytest.raises(RuntimeError), paths.removed_if_left_empty(new):
+    new.mkdir(parents=True)
+    raise RuntimeError("refused")
+  assert list(tmp_path.rglob("*")) == [tmp_path / "kept"]  # made: gone; there before: kept
+  written = tmp_path / "x" / "y"
+  with pytest.raises(RuntimeError), paths.removed_if_left_empty(written):
+    written.mkdir(parents=True)
+    (written / "lock.json").write_text("{}")
+    raise RuntimeError("failed after writing")
+  assert (written / "lock.json").is_file()  # holds something: stays, with its parents
+  with paths.removed_if_left_empty(tmp_path / "ok"):
+    (tmp_path / "ok").mkdir()
+  assert (tmp_path / "ok").is_dir()  # no failure: nothing removed
 
 
 def test_a_file_named_checkpoints_in_the_workdir_is_refused(tmp_path):

@@ -271,6 +271,24 @@ def test_probe_reads_its_inputs_from_gcs_and_writes_the_report_there(gcs, tmp_pa
   assert no_local_gs_dir(tmp_path)
 
 
+def test_an_output_on_gcs_is_replaced_wholly_and_only_when_its_tool_wrote_it(gcs):
+  from jaxencoder.io import outputs
+  with outputs.replacing("--out", gcs.url("study"), "a-tool", overwrite=False) as local:
+    (local / "old.png").write_text("earlier study")
+  with pytest.raises(FileExistsError, match="pass --overwrite"):
+    with outputs.replacing("--out", gcs.url("study"), "a-tool", overwrite=False):
+      pass
+  with outputs.replacing("--out", gcs.url("study"), "a-tool", overwrite=True) as local:
+    (local / "new.png").write_text("this study")
+  assert gcs.objects("study/") == ["study/" + outputs.MARKER, "study/new.png"]
+  as_path(gcs.url("notes/todo.txt")).write_text("a user's")
+  with pytest.raises(FileExistsError, match="was not written by a-tool"):
+    with outputs.replacing("--out", gcs.url("notes"), "a-tool", overwrite=True):
+      pass
+  assert gcs.objects("notes/") == ["notes/todo.txt"]
+  assert no_local_gs_dir()
+
+
 def test_token_ids_stored_on_gcs_give_the_tokenizers_rows(gcs, tmp_path):
   from jaxencoder.data import token_ids
   from jaxencoder.data.pipeline import read_examples

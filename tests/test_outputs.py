@@ -181,6 +181,74 @@ def test_probe_refuses_an_out_overlapping_its_inputs(runs, tmp_path, capsys, out
   assert snapshot(tmp_path) == before
 
 
+def probe_argv(runs, tmp_path, *flags) -> list[str]:
+  data = tmp_path / "tagged.txt"
+  data.write_text("".join(f"the/DET cat/NOUN {'sat/VERB' if i % 2 else 'ran/VERB'}\n"
+                          for i in range(30)))
+  return ["--checkpoint", str(runs / "r"), "--data", str(data), "--out",
+          str(tmp_path / "probe"), "--max-epochs", "1", "--no-control", *flags]
+
+
+def test_probe_replaces_its_earlier_study_only_with_overwrite_and_wholly(runs, tmp_path,
+                                                                        capsys):
+  probe_cli.main(probe_argv(runs, tmp_path, "--mlp"))  # an MLP probe: probe_mlp.png
+  out = tmp_path / "probe"
+  assert (out / "probe_mlp.png").exists()
+  capsys.readouterr()
+  argv = probe_argv(runs, tmp_path)
+  before = snapshot(tmp_path)
+  err = refused(probe_cli.main, argv, capsys)
+  assert err == (f"error: {out} is not empty; choose a new --out or pass --overwrite (it "
+                 "holds an earlier jaxencoder-probe output)")
+  assert snapshot(tmp_path) == before
+  report = probe_cli.main(probe_argv(runs, tmp_path, "--overwrite"))
+  marker = json.loads((out / outputs.MARKER).read_text())
+  assert marker["tool"] == "jaxencoder-probe"
+  assert sorted(p.name for p in out.iterdir()) == sorted(marker["files"] + [outputs.MARKER])
+  assert not (out / "probe_mlp.png").exists() and "mlp" not in report["probes"]
+  assert sorted(f"probe/{name}" for name in marker["files"]) == sorted(
+      str(pathlib.Path(p).relative_to(tmp_path)) for p in report["plots"] + [out / "report.json"])
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_probe_never_replaces_a_folder_it_did_not_write(runs, tmp_path, capsys, overwrite):
+  out = tmp_path / "probe"
+  out.mkdir()
+  (out / "notes.txt").write_text("keep me")
+  argv = probe_argv(runs, tmp_path, *["--overwrite"] * overwrite)
+  before = snapshot(tmp_path)
+  err = refused(probe_cli.main, argv, capsys)
+  assert err == (f"error: --out {out} is not empty and was not written by jaxencoder-probe "
+                 f"(no {outputs.MARKER}), so it is never replaced (not even with --overwrite); "
+                 "choose a new --out")
+  assert snapshot(tmp_path) == before
+
+
+def test_a_failed_write_puts_the_earlier_output_back(tmp_path):
+  out = tmp_path / "out"
+  with outputs.replacing("--out", out, "a-tool", overwrite=False) as new:
+    (new / "old.txt").write_text("earlier")
+  earlier = snapshot(tmp_path)
+  with pytest.raises(RuntimeError, match="study failed"):
+    with outputs.replacing("--out", out, "a-tool", overwrite=True) as new:
+      (new / "partial.txt").write_text("half")
+      raise RuntimeError("study failed")
+  assert snapshot(tmp_path) == earlier and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+  with outputs.replacing("--out", out, "a-tool", overwrite=True) as new:
+    (new / "new.txt").write_text("later")
+  assert sorted(p.name for p in out.iterdir()) == [outputs.MARKER, "new.txt"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing set aside is left
+
+
+def test_a_failed_write_into_an_empty_folder_leaves_it_empty(tmp_path):
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(RuntimeError):
+    with outputs.replacing("--out", tmp_path / "empty", "a-tool", overwrite=False) as new:
+      (new / "partial.txt").write_text("half")
+      raise RuntimeError("study failed")
+  assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+
+
 # --- the helper -------------------------------------------------------------------------
 def test_overlap_is_decided_on_resolved_paths_and_urls_by_name(tmp_path):
   (tmp_path / "real").mkdir()

@@ -159,3 +159,102 @@ def test_eval_only_reports_the_stored_run_without_writing(classify_run):
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"accuracy={metrics['accuracy']:.4f}" in result.stdout
   assert read_metrics(root / "run") == before
+
+
+# --- predict: row i is line i -------------------------------------------------------------
+def untrained_run(root: pathlib.Path, task: str) -> pathlib.Path:
+  """A run holding an untrained `task` model (step 1) and its config: all predict reads,
+  written in a second instead of trained."""
+  import flax.linen as nn
+  import jax
+
+  from jaxencoder.config import EncoderConfig
+  from jaxencoder.io.checkpoint import Checkpointer, to_json
+  from jaxencoder.tasks import registry
+  root.mkdir(parents=True)
+  config = th.tiny_config(root, "unused", th.write_vocab(root))
+  config.task = task
+  stored = to_json(config)
+  cfg = EncoderConfig.from_dict(stored["model"])
+  model = registry.task_from_config(stored, cfg, num_classes=2).model
+  variables = jax.jit(model.init)(jax.random.key(0), np.ones((1, 8), np.int32))
+  with Checkpointer(root / "run" / "checkpoints", save_interval_steps=1,
+                    max_to_keep=None) as ckpt:
+    ckpt.save(1, {"params": nn.meta.unbox(variables["params"])}, config=stored, force=True)
+    ckpt.wait()
+  return root / "run"
+
+
+@pytest.fixture(scope="module")
+def untrained_runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("untrained")
+  return {task: untrained_run(root / task, task) for task in ("classify", "mlm")}
+
+
+LINES_WITH_BLANKS = ["the cat sat", "", "a dog ran far away", " \t ", "cat"]  # 2 blank
+BLANK = [not line.strip() for line in LINES_WITH_BLANKS]
+
+
+def predict_file(run, tmp_path, name, lines, *flags, out_name):
+  """jaxencoder-predict (in this process) on a file of `lines`; the output file's path."""
+  source = tmp_path / f"{name}.txt"
+  source.write_text("".join(line + "\n" for line in lines))
+  out = tmp_path / f"{name}_{out_name}"
+  predict.main(["--run", str(run), "--input", str(source), "--out", str(out), *flags])
+  return out
+
+
+@pytest.mark.parametrize("task, flags, out_name", [
+    ("classify", (), "out.txt"), ("classify", ("--scores",), "out.tsv"),
+    ("classify", ("--scores",), "out.jsonl"), ("mlm", (), "out.npy"), ("mlm", (), "out.jsonl")])
+def test_blank_lines_keep_their_rows_in_every_output_format(untrained_runs, tmp_path, task,
+                                                            flags, out_name):
+  import json
+  run = untrained_runs[task]
+  kept = [line for line in LINES_WITH_BLANKS if line.strip()]
+  with_blanks = predict_file(run, tmp_path, "blanks", LINES_WITH_BLANKS, *flags,
+                             out_name=out_name)
+  alone = predict_file(run, tmp_path, "alone", kept, *flags, out_name=out_name)
+  if out_name.endswith(".npy"):
+    rows, expected = np.load(with_blanks), iter(np.load(alone))
+    assert rows.shape == (5, 32)
+    for row, blank in zip(rows, BLANK):
+      np.testing.assert_array_equal(row, np.full(32, np.nan) if blank else next(expected))
+    return
+  rows = with_blanks.read_text().splitlines()
+  expected = iter(alone.read_text().splitlines())
+  if "--scores" in flags and out_name.endswith(".tsv"):  # a header naming the columns
+    assert rows.pop(0) == next(expected) == "prediction\t0\t1\tinput"
+  assert len(rows) == 5
+  for row, line, blank in zip(rows, LINES_WITH_BLANKS, BLANK):
+    if not blank:
+      assert row == next(expected)
+    elif out_name.endswith(".jsonl"):
+      assert json.loads(row) == {"input": line, "blank": True}
+    else:
+      assert row == ("\tnan\tnan\t" + line if flags else "")
+
+
+def test_blank_lines_are_not_run_through_the_model(untrained_runs, monkeypatch):
+  p = predict.load(untrained_runs["mlm"])
+  encoded, encode = [], predict._encode
+
+  def recording(p, lines):
+    encoded.extend(lines)
+    return encode(p, lines)
+  monkeypatch.setattr(predict, "_encode", recording)
+  result = predict.predictions(p, LINES_WITH_BLANKS, batch_size=2)
+  assert encoded == ["the cat sat", "a dog ran far away", "cat"]
+  assert list(result.blank_N) == BLANK
+  nan_rows = np.isnan(result.outputs).all(axis=1)
+  assert list(nan_rows) == BLANK and not np.isnan(result.outputs[~nan_rows]).any()
+
+
+def test_input_lines_are_split_at_line_ends_only(tmp_path):
+  source = tmp_path / "in.txt"
+  source.write_bytes("a\u2028b\x0cc\r\n\r\nd\n".encode())  # U+2028, a form feed: inside a line
+  assert predict.read_lines(source) == ["a\u2028b\x0cc", "", "d"]
+  source.write_bytes(b"a\n\n")
+  assert predict.read_lines(source) == ["a", ""]
+  source.write_bytes(b"")
+  assert predict.read_lines(source) == []

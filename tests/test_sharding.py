@@ -222,6 +222,51 @@ def test_mesh_shape_fills_minus_one_and_names_bad_shapes():
     sharding.mesh_shape((2, 2, 1), 8)
 
 
+def test_a_batch_is_split_over_the_product_of_the_data_and_fsdp_axes():
+  assert sharding.batch_devices((-1, 1, 1), 8) == (8, "data=8")
+  assert sharding.batch_devices((2, 4, 1), 8) == (8, "data=2, fsdp=4")
+  assert sharding.batch_devices((4, 1, 2), 8) == (4, "data=4")
+  assert sharding.batch_devices((1, 1, -1), 8) == (1, "data=1")
+
+
+OVER_8 = "8 data-parallel devices (mesh data=8)"
+
+
+@pytest.mark.parametrize("overrides, line", [
+    ({"batch_size": 10}, f"batch_size=10 does not divide over {OVER_8}; use batch_size=8 or 16"),
+    ({"batch_size": 4}, f"batch_size=4 does not divide over {OVER_8}; use batch_size=8"),
+    ({"batch_size": 12, "mesh_shape": (2, 4, 1)}, "batch_size=12 does not divide over 8 "
+     "data-parallel devices (mesh data=2, fsdp=4); use batch_size=8 or 16"),
+    ({"batch_size": 6, "mesh_shape": (4, 1, 2)}, "batch_size=6 does not divide over 4 "
+     "data-parallel devices (mesh data=4); use batch_size=4 or 8"),
+    ({"batch_size": 5, "optim.grad_accum_steps": 2}, "batch_size=5 x optim.grad_accum_steps=2 "
+     f"(10 rows a step) does not divide over {OVER_8}; use batch_size=4 or 8"),
+    ({"eval_batch_size": 10}, f"eval_batch_size=10 does not divide over {OVER_8}; use "
+     "eval_batch_size=8 or 16"),
+    ({"batch_size": 10, "parallelism": "pmap", "mesh_shape": (4, 1, 2)}, "batch_size=10 does "
+     "not divide over 8 devices (parallelism=pmap); use batch_size=8 or 16"),
+])
+def test_a_batch_its_devices_do_not_divide_is_refused_naming_the_nearest_that_do(overrides, line):
+  from jaxencoder.train.config import apply_overrides, base_config, check_batches
+  config = base_config()
+  apply_overrides(config, [f"{key}={value}" for key, value in overrides.items()])
+  with pytest.raises(ValueError) as error:
+    check_batches(config, 8)
+  assert str(error.value) == line
+
+
+def test_micro_batches_need_not_divide_and_eval_only_checks_the_eval_batch():
+  """The devices split each step's batch_size x grad_accum_steps rows; the micro-batches
+  of a step are cut inside the compiled step (steps.split_micro_batches)."""
+  from jaxencoder.train.config import apply_overrides, base_config, check_batches
+  config = base_config()
+  apply_overrides(config, ["batch_size=4", "optim.grad_accum_steps=2", "eval_batch_size=24"])
+  check_batches(config, 8)
+  apply_overrides(config, ["batch_size=3", "optim.grad_accum_steps=1"])
+  check_batches(config, 8, train=False)
+  check_batches(config, 1)
+
+
 def test_divisible_spec_drops_only_the_axes_that_do_not_divide():
   mesh = sharding.make_mesh((2, 2, 2))
   spec = P(("data", "fsdp"), "tensor", None)

@@ -84,7 +84,8 @@ def _prepare_parser(sub):
                  "them, a glob of file names in one (gs://b/corpus/*.txt), or for text_corpus "
                  "a prepared tfds dataset: its directory or tfds:NAME (with --text-feature)")
   p.add_argument("--data-dir", required=True)
-  p.add_argument("--name", default="default")
+  p.add_argument("--name", default="default", help="the dataset's folder name: letters, "
+                 "digits and _ (- and . after the first); train with data.source=KIND/NAME")
   p.add_argument("--pattern", help="text_corpus: which files (default *.txt)")
   p.add_argument("--unit", choices=("paragraph", "line", "file"), help="text_corpus: one "
                  "example per (default paragraph)")

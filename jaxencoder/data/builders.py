@@ -21,7 +21,6 @@ is a class (text, image or series) that an eval/test split has and the train spl
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -40,6 +39,7 @@ from etils import epath
 
 from jaxencoder.data import readers, shakespeare_tasks, token_ids
 from jaxencoder.data.kinds import KINDS, TEXT_KINDS  # noqa: F401 (re-exported)
+from jaxencoder.data.source_config import DESCRIPTION, SourceConfig
 from jaxencoder.io import paths
 
 log = logging.getLogger("jaxencoder")
@@ -51,40 +51,6 @@ FINGERPRINT = "fingerprint.json"  # beside dataset_info.json: what the dataset w
 NEW = "not prepared yet"  # `stale`'s reason when there is no dataset at all
 _F = tfds.features
 _CHUNK = 16 * 2**20  # bytes per read when hashing
-
-
-@dataclasses.dataclass
-class SourceConfig(tfds.core.BuilderConfig):
-  """`name` names the prepared dataset; `source` is the file or directory to read.
-
-  The other fields are the options that shape the output (all fingerprinted).
-  """
-  source: str = ""
-  pattern: str = "*.txt"    # text_corpus: which files
-  unit: str = "paragraph"   # text_corpus: paragraph | line | file
-  encoding: str = "utf-8"   # every text reader: e.g. latin-1 for the Gutenberg Shakespeare
-  text_column: str | None = None    # text_classification: see readers.Columns
-  text_b_column: str | None = None
-  label_column: str = "label"
-  header: bool = True
-  # text_corpus from a prepared tfds dataset (source: its directory, or "tfds:NAME" with
-  # tfds_data_dir): the feature holding the text; every split is kept
-  text_feature: str | None = None
-  tfds_data_dir: str | None = None
-  # text_corpus with a tokenizer: keep only the token ids, no records of the texts (a
-  # pretraining corpus: much faster to prepare; tasks that read text refuse it)
-  ids_only: bool = False
-  # text_corpus: also store each example's token ids (data/token_ids.py) made by this
-  # tokenizer (a vocab.txt / tokenizer.json / directory); fingerprinted by content.
-  tokenizer: str | None = None
-
-  def columns(self) -> readers.Columns:
-    return readers.Columns(self.text_column, self.text_b_column, self.label_column, self.header)
-
-  def options(self) -> dict:
-    base = {f.name for f in dataclasses.fields(tfds.core.BuilderConfig)} | {"source", "tokenizer"}
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-            if f.name not in base}
 
 
 def _label_files(source: str) -> list[epath.Path]:
@@ -173,8 +139,9 @@ class _Builder(tfds.core.GeneratorBasedBuilder):
 
   def _make_info(self, features: dict, in_order: bool = False):
     """`in_order`: records in the order generated (integer keys), not by hashed key."""
+    described = DESCRIPTION.format(kind=self.name, source=self.cfg.source)
     return tfds.core.DatasetInfo(builder=self, features=_F.FeaturesDict(features),
-                                 description=f"{self.name} from {self.cfg.source}",
+                                 description=described,
                                  disable_shuffling=in_order)
 
 
@@ -482,6 +449,7 @@ def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bo
   """
   if kind not in BUILDERS:
     raise ValueError(f"unknown kind {kind!r}; choose from {sorted(BUILDERS)}")
+  check_name(name)
   if options.get("tokenizer") and kind != "text_corpus":
     raise ValueError(f"tokenizer: token ids are stored for text_corpus, not {kind}")
   if options.get("text_feature") and kind != "text_corpus":
@@ -499,16 +467,30 @@ def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bo
   log.info("%s/%s: %s", kind, name, f"preparing from {source}" if reason == NEW
            else f"{reason}: rebuilding")
   staging = None if paths.is_url(data_dir) else paths.as_path(data_dir)
-  if staging is not None:
-    paths.make_dirs(staging)  # same file system as `out`: the swap is two renames
-  with tempfile.TemporaryDirectory(dir=staging, prefix=".prepare-") as tmp:
-    built = paths.as_path(tmp) / "ids" if config.ids_only else _build(kind, config, tmp)
-    if config.tokenizer:
-      write_token_ids(config, built, processes)
-    (built / FINGERPRINT).write_text(json.dumps(stamp, indent=1) + "\n")
-    _replace(out, built, trash=pathlib.Path(tmp) / "replaced",
-             last=f"{token_ids.DIR}/{token_ids.MANIFEST}" if config.ids_only else None)
+  with paths.removed_if_left_empty(data_dir):  # a refused first build leaves no empty data_dir
+    if staging is not None:
+      paths.make_dirs(staging)  # same file system as `out`: the swap is two renames
+    with tempfile.TemporaryDirectory(dir=staging, prefix=".prepare-") as tmp:
+      built = paths.as_path(tmp) / "ids" if config.ids_only else _build(kind, config, tmp)
+      if config.tokenizer:
+        write_token_ids(config, built, processes)
+      (built / FINGERPRINT).write_text(json.dumps(stamp, indent=1) + "\n")
+      _replace(out, built, trash=pathlib.Path(tmp) / "replaced",
+               last=f"{token_ids.DIR}/{token_ids.MANIFEST}" if config.ids_only else None)
   return out
+
+
+# A dataset name: one folder name, as data.source=KIND/NAME finds it.
+PLAIN_NAME = re.compile(r"\w[\w.-]*")
+
+
+def check_name(name) -> None:
+  """A ValueError for a dataset name that is not one plain folder name (`../x`, `a/b`,
+  `.hidden`, "", an absolute path): the dataset would land outside data_dir/tfds/KIND."""
+  if not (isinstance(name, str) and PLAIN_NAME.fullmatch(name)):
+    raise ValueError(f"dataset name {name!r} is not a plain name: a name is one folder "
+                     "name of letters, digits, '_', '-' and '.', starting with a letter, "
+                     "digit or '_' (the dataset becomes DATA_DIR/tfds/KIND/NAME)")
 
 
 def _split_glob(source: str, options: dict) -> tuple[str, dict]:

@@ -334,6 +334,7 @@ def _positional(path, no, row):
 def _by_header(path, no, header, columns: Columns):
   """A row → (text, text_b, label) picker for this header; errors name what is missing."""
   names = [h.strip() for h in header]
+  check_distinct(path, no, names)
   text = columns.text
   if text is None:
     others = [n for n in names if n != columns.label]
@@ -354,6 +355,21 @@ def _by_header(path, no, header, columns: Columns):
       raise DataError(f"{where(path, no)}: {len(row)} fields, the header has {len(names)}")
     return tuple(row[i] if i is not None else "" for i in at)
   return pick
+
+
+def check_distinct(path, no, names: Sequence[str]) -> None:
+  """A DataError naming the first column a header names twice, and where: its first
+  one would be read silently and the others dropped (unnamed columns are not checked)."""
+  at: dict[str, list[int]] = {}
+  for column, name in enumerate(names, 1):
+    at.setdefault(name, []).append(column)
+  twice = next(((name, columns) for name, columns in at.items() if name and len(columns) > 1),
+               None)
+  if twice is not None:
+    name, columns = twice
+    raise DataError(f"{where(path, no)}: header {','.join(names)!r} names column {name!r} "
+                    f"{len(columns)} times (columns {', '.join(map(str, columns))}): give "
+                    "each column its own name")
 
 
 def _classification_example(path, no, text, text_b, label, labels) -> dict:
@@ -378,7 +394,8 @@ def read_records(path, *, encoding: str = "utf-8") -> Iterator[dict]:
   for no, row in _csv_records(path, reader):
     if names is None:
       names = [h.strip() for h in row]
-      if "origin" in names or len(set(names)) != len(names) or not all(names):
+      check_distinct(path, no, names)
+      if "origin" in names or not all(names):
         raise DataError(f"{where(path, no)}: header {','.join(names)!r} needs distinct, "
                         "non-empty column names other than 'origin'")
       continue

@@ -6,11 +6,16 @@ by record, through its own Cloud Storage client; nothing is copied.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+
 import tensorflow_datasets as tfds
 from etils import epath
+from tensorflow_datasets.core.data_sources.base import file_instructions
 
 from jaxencoder.data import token_ids
 from jaxencoder.data.readers import DataError
+from jaxencoder.data.source_config import prepare_command
 from jaxencoder.io.paths import as_path
 
 
@@ -131,7 +136,64 @@ def open_source(name: str, split: str = "train", data_dir=None):
   builder = open_builder(name, data_dir)
   if split not in builder.info.splits:
     raise DataError(f"{name}: no split {split!r}; has {sorted(builder.info.splits)}")
-  return builder.as_data_source(split=split)
+  return with_named_shards(builder.as_data_source(split=split))
+
+
+def with_named_shards(source):
+  """A tfds data source whose shard files are checked: one missing is refused now, one
+  that fails to read (truncated, damaged, deleted since) when it is read; both name the
+  file and the command that rebuilds the dataset, not grain's page of traceback."""
+  info = source.dataset_info
+  shards = file_instructions(info, source.split)
+  folder = epath.Path(str(info.data_dir))
+  present = {p.name for p in folder.iterdir()}  # one listing, also on Cloud Storage
+  missing = [s.filename for s in shards if epath.Path(s.filename).name not in present]
+  if missing:
+    more = f" (and {len(missing) - 1} more of its {len(shards)})" if len(missing) > 1 else ""
+    raise DataError(f"{missing[0]}: missing{more}; rebuild the dataset: "
+                    f"{prepare_command(folder)}")
+  source.data_source = NamedShardReads(source.data_source, shards, folder)
+  return source
+
+
+class NamedShardReads:
+  """array_record's reader of a split's shards (`data_source` of a tfds data source),
+  whose read errors become a DataError naming the shard file and the command that
+  rebuilds the dataset in `folder`."""
+
+  def __init__(self, reader, shards, folder: epath.Path):
+    self.reader, self.folder = reader, folder
+    self.files = [s.filename for s in shards]
+    self.ends = list(itertools.accumulate(s.take for s in shards))  # records before each end
+
+  def __len__(self) -> int:
+    return len(self.reader)
+
+  def __getitem__(self, index):
+    try:
+      return self.reader[index]
+    except (RuntimeError, OSError) as e:
+      raise self.error(e, [index]) from None
+
+  def __getitems__(self, indices):
+    try:
+      return self.reader.__getitems__(indices)
+    except (RuntimeError, OSError) as e:
+      raise self.error(e, indices) from None
+
+  def error(self, error: Exception, indices) -> Exception:
+    """The line for `error`: the shard of the first of `indices` that fails alone
+    (`error` itself if each reads alone: a passing fault, e.g. of the network)."""
+    for index in indices:
+      try:
+        self.reader[index]
+      except (RuntimeError, OSError) as e:
+        file = self.files[bisect.bisect_right(self.ends, int(index))]
+        what = "missing" if "No such file" in str(e) else "truncated or damaged"
+        detail = str(e).split(";")[0].split(" (")[0].strip()  # no checksums, no paths
+        return DataError(f"{file}: {what} ({detail}); rebuild the dataset: "
+                         f"{prepare_command(self.folder)}")
+    return error
 
 
 def split_names(name: str, data_dir=None) -> list[str]:

@@ -49,18 +49,19 @@ def read_model(run: str | None, pretrained: str | None) -> tuple[Servable, str |
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.restore_targets import stored_encoder
   from jaxencoder.tokenizer import run_tokenizer
-  run_dir = RunDir.open(run)
-  step, config = run_dir.latest_step(), run_dir.read_config()
+  run_dir = RunDir.open(run)  # the newest step that restores (a damaged one: a warning)
+  step, encoder = run_dir.newest_restorable(lambda s: stored_encoder(run_dir, step=s))
+  config, cfg = run_dir.read_config(step), run_dir.model_config(step)
   source = {"run": run, "step": step, "task": config.get("task")}
-  if classifier_task(config, run_dir.model_config()):
+  if classifier_task(config, cfg):
     from jaxencoder.train import predict
-    p = predict.load(run, step)
+    p = predict.load(run, step)  # with its head (the encoder is read again)
     return (export.servable(p.cfg, p.params, head=p.model, source=source, labels=p.label_names),
             tokenizer_file(run_tokenizer(run_dir)))
   # As jaxencoder-convert: a converted directory without tokenizer files gets none.
   has_tokenizer = run_dir.tokenizer_path() or "data" in config
   tokenizer = tokenizer_file(run_tokenizer(run_dir)) if has_tokenizer else None
-  return export.servable(run_dir.model_config(), stored_encoder(run_dir), source=source), tokenizer
+  return export.servable(cfg, encoder, source=source), tokenizer
 
 
 def tokenizer_file(path) -> str | None:

@@ -232,6 +232,11 @@ class CheckpointError(RuntimeError):
   """No checkpoint of a run directory can be restored."""
 
 
+class ParamsMismatch(ValueError):
+  """Saved params that do not fit the target asked for (a shape, a missing subtree): the
+  caller's error, not a damaged checkpoint, so no older step is tried instead."""
+
+
 class OutOfSpace(OSError):
   """The disk filled up while saving `step`; `durable` is the newest complete step (None:
   none). Rerunning once there is space resumes from it (train.py exits 75)."""
@@ -255,7 +260,9 @@ def is_out_of_space(error: BaseException | None) -> bool:
     if getattr(error, "errno", None) == errno.ENOSPC:
       return True
     text = str(error)
-    if "No space left" in text or ("RESOURCE_EXHAUSTED" in text and "space" in text.lower()):
+    lower = text.lower()  # XLA:TPU's out of memory names a "memory space hbm": not a disk
+    if "No space left" in text or ("RESOURCE_EXHAUSTED" in text and "space" in lower
+                                   and "out of memory" not in lower):
       return True
     error = error.__cause__ or error.__context__
   return False
@@ -369,8 +376,8 @@ def restore_params_only(directory: epath.PathLike, abstract_params: PyTree, *,
 def _get_subtree(tree: PyTree, subtree: Sequence[str], directory) -> PyTree:
   for key in subtree:
     if not isinstance(tree, Mapping) or key not in tree:
-      raise ValueError(f"checkpoint state in {directory} has no subtree "
-                       f"{'/'.join(subtree)}")
+      raise ParamsMismatch(f"checkpoint state in {directory} has no subtree "
+                           f"{'/'.join(subtree)}")
     tree = tree[key]
   return tree
 
@@ -399,5 +406,5 @@ def _check_same_shapes(saved: PyTree, wanted: PyTree) -> None:
   if problems:
     shown = problems[:_MAX_LISTED] + ([f"... and {len(problems) - _MAX_LISTED} more"]
                                       if len(problems) > _MAX_LISTED else [])
-    raise ValueError(f"checkpoint params do not fit the model ({len(problems)} params):\n  "
-                     + "\n  ".join(shown))
+    raise ParamsMismatch(f"checkpoint params do not fit the model ({len(problems)} "
+                         "params):\n  " + "\n  ".join(shown))

@@ -4,16 +4,20 @@ Every tool that writes (convert, export, predict, probe) calls `check_apart` wit
 output and its inputs before it reads or writes anything: an output that is, contains or
 lies inside an input is refused in one line naming both. A tool that writes a directory
 calls `check_replaceable` (a non-empty one is replaced only with --overwrite, and only
-if it holds MARKER naming that tool and no file the tool did not write) and `mark` last.
+if it holds MARKER naming that tool and no file the tool did not write) and `mark` last,
+or writes inside `replacing`, which does both ends for it.
 Paths may be local or gs:// URLs; local ones are compared with symlinks resolved.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
-from collections.abc import Iterable
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
 
 from jaxencoder.io import paths
 
@@ -101,3 +105,41 @@ def mark(out, tool: str) -> None:
   out = paths.as_path(out)
   files = [name for name in paths.files_under(out) if name != MARKER]
   (out / MARKER).write_text(json.dumps({"tool": tool, "files": files}, indent=1) + "\n")
+
+
+@contextlib.contextmanager
+def replacing(label: str, out, tool: str, overwrite: bool) -> Iterator[pathlib.Path]:
+  """A local directory in which `tool` writes its new output for `out`, after
+  check_replaceable: an earlier output of `tool` there is set aside meanwhile, and deleted,
+  with the new output marked as `tool`'s, once the body succeeds; if the body fails, its
+  partial output is deleted and the earlier one put back. A gs:// `out` is written
+  locally and uploaded at the end (its earlier files deleted first)."""
+  check_replaceable(label, out, tool, overwrite)
+  out = paths.as_path(out)
+  if paths.is_url(out):
+    with tempfile.TemporaryDirectory(prefix="jaxencoder-") as local:
+      yield pathlib.Path(local)
+      mark(local, tool)
+      if out.exists():
+        out.rmtree()
+      paths.copy_tree(local, out, last=MARKER)
+    return
+  out, existed = pathlib.Path(out), out.exists()
+  aside = (pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.earlier.", dir=out.parent))
+           if existed and any(out.iterdir()) else None)
+  if aside is not None:
+    out.rename(aside / out.name)
+  try:
+    out.mkdir(parents=True, exist_ok=True)
+    yield out
+    mark(out, tool)
+  except BaseException:
+    shutil.rmtree(out, ignore_errors=True)
+    if aside is not None:
+      (aside / out.name).rename(out)
+    elif existed:
+      out.mkdir()  # the empty directory it was
+    raise
+  finally:
+    if aside is not None:
+      shutil.rmtree(aside, ignore_errors=True)

@@ -49,6 +49,26 @@ def make_dirs(path: os.PathLike | str) -> None:
     as_path(path).mkdir(parents=True, exist_ok=True)
 
 
+@contextlib.contextmanager
+def removed_if_left_empty(path: os.PathLike | str, *, enabled: bool = True) -> Iterator[None]:
+  """Should the block fail, removes the folders of local `path` that did not exist before
+  it (`path` and missing parents) and that it left empty: a refused command leaves no
+  empty folder behind. URLs: nothing (object stores have no folders)."""
+  made = []
+  if enabled and not is_url(path):
+    local = pathlib.Path(as_path(path))
+    made = [folder for folder in (local, *local.parents) if not folder.exists()]
+  try:
+    yield
+  except BaseException:
+    for folder in made:  # innermost first; one that holds something stays, with its parents
+      try:
+        folder.rmdir()
+      except OSError:
+        break
+    raise
+
+
 def copy_file(src: os.PathLike | str, dst: os.PathLike | str) -> None:
   """Streams one file between any two places (local or URL); overwrites `dst`."""
   src, dst = as_path(src), as_path(dst)

@@ -6,7 +6,9 @@
     metrics.jsonl              # one JSON object per line: {"step", "split", metric: value}
     metrics.jsonl.damaged      # lines a resume set aside (a crash cut them mid-write)
     tensorboard/               # TensorBoard events
-    tokenizer.json, vocab.txt  # optional: the tokenizer the run's inputs use
+    tokenizer.json, vocab.txt  # the tokenizer the run's inputs use (its own copy)
+    run_record.json            # what its numbers mean: the tokenizer files' sha256, the
+                               # label names, each split's fingerprint (io/run_record.py)
 
 train.py writes it (`RunDir.checkpointer`, `metrics_file`, `tensorboard_dir`); the
 converter creates one from a Hugging Face checkpoint (`write_encoder`); `init_from`,
@@ -20,7 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import flax.linen as nn
 import jax
@@ -29,8 +32,9 @@ from etils import epath
 
 from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import ENCODER, in_scanned_stack
-from jaxencoder.io.checkpoint import (CONFIG, STATE, Checkpointer, reader,
-                                     restore_params_only)
+from jaxencoder.io.checkpoint import (CONFIG, STATE, Checkpointer, ParamsMismatch, _first_line,
+                                     reader, restore_params_only)
+from jaxencoder.io import run_record
 from jaxencoder.io.paths import as_path
 from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
 
@@ -39,7 +43,16 @@ METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 Params = Any
+T = TypeVar("T")
 log = logging.getLogger("jaxencoder")
+
+
+class UnrestorableStep(ValueError):
+  """A checkpoint step whose files cannot be read (or no step that can); `reason`: why."""
+
+  def __init__(self, message: str, reason: str):
+    super().__init__(message)
+    self.reason = reason
 
 
 class RunDir:
@@ -142,14 +155,17 @@ class RunDir:
 
   def restore_encoder(self, abstract: Params | None = None, *,
                       step: int | None = None) -> Params:
-    """The Encoder params of `step` (default: latest) into `abstract`: target
-    ShapeDtypeStructs with shardings (restore_targets.encoder_params, or a train state's
-    encoder subtree), in either stack layout: the saved layout (loop or scan) is converted
-    to the target's, and a param whose shape differs raises naming it and both shapes."""
+    """The Encoder params of `step` (default: the newest that restores) into `abstract`:
+    target ShapeDtypeStructs with shardings (restore_targets.encoder_params, or a train
+    state's encoder subtree), in either stack layout: the saved layout (loop or scan) is
+    converted to the target's, and a param whose shape differs raises naming it and both
+    shapes."""
     if abstract is None:
       raise TypeError("RunDir.restore_encoder(abstract) restores into a target; "
                       "jaxencoder.restore_targets.stored_encoder(run) gives the stored encoder")
-    step = self._step(step)
+    return self.newest_restorable(lambda s: self._restore_encoder(abstract, s), step)[1]
+
+  def _restore_encoder(self, abstract: Params, step: int) -> Params:
     stored_scanned = self._model_config(step).scan_layers
     if _is_scanned(abstract) == stored_scanned:
       return restore_params_only(self.checkpoint_dir, abstract, step=step)
@@ -162,13 +178,56 @@ class RunDir:
     return jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), params, abstract)
 
   def restore_subtree(self, abstract: Params, name: str, *, step: int | None = None) -> Params:
-    """The params saved under `name` (e.g. a head: "mlm_head") into `abstract`."""
-    return restore_params_only(self.checkpoint_dir, abstract, subtree=("params", name),
-                               step=self._step(step))
+    """The params saved under `name` (e.g. a head: "mlm_head") into `abstract`, of `step`
+    (default: the newest that restores)."""
+    restore = lambda s: restore_params_only(self.checkpoint_dir, abstract,
+                                            subtree=("params", name), step=s)
+    return self.newest_restorable(restore, step)[1]
+
+  def newest_restorable(self, restore: Callable[[int], T], step: int | None = None
+                        ) -> tuple[int, T]:
+    """(step, restore(step)) of `step`, else of the newest step that restores: a damaged
+    newer step (files truncated or missing) is skipped with one warning naming it and the
+    step used, as train and predict skip it. Reads only. A damaged `step`, or none that
+    restores: UnrestorableStep. Params that do not fit the target (ParamsMismatch) raise
+    at once: no older step fits better."""
+    saved = self.steps()
+    if not saved or (step is not None and step not in saved):
+      self._step(step)  # FileNotFoundError: no checkpoint, or not this step
+    failures = []
+    for candidate in [step] if step is not None else saved[::-1]:
+      try:
+        result = restore(candidate)
+      except ParamsMismatch:
+        raise
+      except Exception as e:  # orbax / tensorstore raise many types for damaged files
+        failures.append((candidate, e.reason if isinstance(e, UnrestorableStep)
+                         else _first_line(e)))
+        continue
+      if failures:
+        log.warning("%s; using step %d", self._unrestorable(failures), candidate)
+      return candidate, result
+    raise self._none_restores(failures, saved, explicit=step is not None)
+
+  def _unrestorable(self, failures: list[tuple[int, str]]) -> str:
+    return "; ".join(f"{self.checkpoint_dir / str(s)} cannot be restored ({why})"
+                     for s, why in failures)
+
+  def _none_restores(self, failures: list[tuple[int, str]], saved: list[int], *,
+                     explicit: bool) -> "UnrestorableStep":
+    if explicit:
+      return UnrestorableStep(f"{self._unrestorable(failures)}; choose another step (saved: "
+                              f"{', '.join(map(str, saved))})", failures[0][1])
+    why = "; ".join(f"step {s}: {why}" for s, why in failures)
+    return UnrestorableStep(f"no restorable checkpoint in {self.checkpoint_dir}: {why}; "
+                            "restore the checkpoints from a copy, or retrain", why)
 
   def tokenizer_path(self) -> epath.Path | str | None:
-    """The run's tokenizer: files in the run directory, else the stored data.tokenizer."""
+    """The run's tokenizer: its own files in the run directory (checked against the sha256
+    its run_record.json holds: RecordMismatch when they changed), else the stored
+    data.tokenizer (a run made before runs kept a copy)."""
     if any((self.path / name).exists() for name in TOKENIZER_FILES):
+      run_record.check_tokenizer(self.path)
       return self.path
     return (self.read_config().get("data") or {}).get("tokenizer") or None
 
@@ -208,7 +267,8 @@ class RunDir:
       ckpt.save(0, state, config={"model": cfg.to_dict()}, force=True)
       ckpt.wait()
     if tokenizer is not None:
-      tokenizer.save(self.path)
+      run_record.write(self.path, {"tokenizer": {"files": run_record.save_tokenizer(
+          self.path, tokenizer)}, "labels": None, "data": {}, "changes": []})
     return self
 
 

@@ -5,8 +5,9 @@ other's checkpoints and metrics. A trainer takes the lock before it writes anyth
 created exclusively (local: a hard link, which fails if the name exists; gs://: an
 upload with ifGenerationMatch=0), refreshed by a heartbeat thread, deleted when training
 ends (only while it is still ours). A lock whose holder is gone (a pid that no longer
-runs on this host, or no heartbeat for `timeout_s`) is taken over with a warning.
-Reading a run (eval-only, predict) takes no lock.
+runs on this host, or no heartbeat for `timeout_s`) is taken over with a warning. A
+heartbeat ahead of this host's clock (the clocks disagree) is refused naming the skew and
+how to take over. Reading a run (eval-only, predict) takes no lock.
 
   {"host": "h", "pid": 123, "started": 1.7e9, "heartbeat": 1.7e9, "token": "..."}
 """
@@ -30,6 +31,7 @@ from jaxencoder.io.paths import as_path, is_url, make_dirs
 LOCK = "lock.json"
 TIMEOUT_S = 600.0  # no heartbeat for this long: the holder is gone
 HEARTBEAT_S = 30.0
+SKEW_S = 60.0  # a heartbeat further ahead of this host's clock: the two clocks disagree
 log = logging.getLogger("jaxencoder")
 
 
@@ -52,8 +54,14 @@ class Holder:
 
   def describe(self, now: float) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
-    return (f"host {self.host}, pid {self.pid}, started {started}, "
-            f"last heartbeat {max(now - self.heartbeat, 0):.0f} s ago")
+    age = now - self.heartbeat
+    beat = (f"{-age:.0f} s in the future" if self.ahead(now) else f"{max(age, 0):.0f} s ago")
+    return f"host {self.host}, pid {self.pid}, started {started}, last heartbeat {beat}"
+
+  def ahead(self, now: float) -> bool:
+    """Whether the heartbeat is ahead of `now` by more than SKEW_S: written by a clock
+    that disagrees with this host's, it cannot go stale until this clock catches up."""
+    return self.heartbeat - now > SKEW_S
 
   def gone(self, now: float, timeout_s: float) -> str | None:
     """Why this holder no longer runs, or None if it may."""
@@ -94,15 +102,24 @@ class RunLock:
       now = time.time()
       reason = holder.gone(now, self.timeout_s)
       if reason is None:
-        raise RunDirLockedError(
-            f"{self.workdir} is in use by another trainer ({holder.describe(now)}); "
-            f"wait for it, or use another --workdir")
+        raise RunDirLockedError(self._refusal(holder, now))
       if self.holder() == holder:  # still the stale one, not a newer holder
         self._store.delete()
         log.warning("%s: took over the lock of a trainer that is gone (%s): %s",
                     self.workdir, holder.describe(now), reason)
     raise RunDirLockedError(f"{self.path}: other trainers keep taking this lock; "
                             "use another --workdir")
+
+  def _refusal(self, holder: Holder, now: float) -> str:
+    """Who holds the lock, and what to do; a heartbeat from the future names the skew."""
+    if not holder.ahead(now):
+      return (f"{self.workdir} is in use by another trainer ({holder.describe(now)}); "
+              "wait for it, or use another --workdir")
+    return (f"{self.workdir} is locked by host {holder.host}, pid {holder.pid}, whose last "
+            f"heartbeat is {holder.heartbeat - now:.0f} s ahead of this host's clock: the "
+            "clocks disagree, so the lock does not go stale (lock_timeout_s) until this one "
+            f"catches up; if no trainer runs as pid {holder.pid} on {holder.host}, delete "
+            f"{self.path} and rerun, else wait for it or use another --workdir")
 
   def holder(self) -> Holder | None:
     """The lock's holder; None without a lock. An unreadable lock counts as one held

@@ -141,16 +141,20 @@ def _what_comes_along(cfg, tokenizer, source) -> str:
 
 
 def restore_for_export(run, step: int | None = None):
-  """(cfg, params) of a run's `step` (default: latest): Encoder params, or {"encoder",
-  head} when a head its checkpoint family can hold was saved: "mlm_head" (masked LM), or
-  for family "electra" "discriminator_head" (ElectraForPreTraining). LoRA adapters come
-  merged into their kernels (cfg with LoRA off)."""
+  """(cfg, params) of a run's `step` (default: the newest that restores, see
+  RunDir.newest_restorable): Encoder params, or {"encoder", head} when a head its
+  checkpoint family can hold was saved: "mlm_head" (masked LM), or for family "electra"
+  "discriminator_head" (ElectraForPreTraining). LoRA adapters come merged into their
+  kernels (cfg with LoRA off)."""
+  return run.newest_restorable(lambda s: _restore_step_for_export(run, s), step)[1]
+
+
+def _restore_step_for_export(run, step: int):
   from jaxencoder import lora
   from jaxencoder.electra import Electra
   from jaxencoder.encoder import ENCODER
   from jaxencoder.pretrained.electra_names import DISCRIMINATOR_HEAD
   from jaxencoder.restore_targets import abstract_params, encoder_params
-  step = run.latest_step() if step is None else step
   cfg = run.model_config(step)
   encoder = run.restore_encoder(encoder_params(cfg), step=step)
   if cfg.lora_rank:

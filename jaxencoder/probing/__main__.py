@@ -5,8 +5,11 @@
   jaxencoder-probe --pretrained VIT_DIR --data images.npz --out probe_out   # images
   (the same: python -m jaxencoder.probing ...)
 
-`--checkpoint` is a run directory: a train.py workdir (its config, latest encoder
-params and metrics.jsonl for the training-health report) or a converted checkpoint;
+OUT is a new or empty directory; `--overwrite` replaces one this command wrote (all of
+it: no plot of the earlier study stays), never a folder it did not write.
+`--checkpoint` is a run directory: a train.py workdir (its config, newest encoder params
+that restore, past a damaged step, and metrics.jsonl for the training-health report) or
+a converted checkpoint;
 `--pretrained` a Hugging Face directory (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT,
 ViT: see jaxencoder.pretrained). Paths may be gs:// URLs. Text data: `word/TAG` lines or
 `.conllu` (word-level probe), `.csv`/`.tsv` `text,label` rows (sentence-level probe).
@@ -26,25 +29,26 @@ import contextlib
 import json
 import math
 import pathlib
-import tempfile
 
 from jaxencoder import cli, progress
 
 # The model, data and plotting modules are imported where they are used, so that
 # `--help` and a mistyped flag answer at once (no JAX, orbax or matplotlib loaded).
 
+TOOL = "jaxencoder-probe"  # named in the marker of what it writes (io.outputs)
+
 
 def load_checkpoint(workdir, tokenizer_path: str | None = None, **resize):
-  """(cfg, params, tokenizer) of a run directory's latest checkpoint (a train.py workdir
-  or a converted checkpoint; local or gs://); tokenizer None for image encoders.
-  `resize`: max_len / image_size, as `pretrained.load`."""
+  """(cfg, params, tokenizer) of a run directory's newest checkpoint that restores (a
+  train.py workdir or a converted checkpoint; local or gs://); tokenizer None for image
+  encoders. `resize`: max_len / image_size, as `pretrained.load`."""
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.pretrained.hf_checkpoint import resize_on_load
-  from jaxencoder.restore_targets import encoder_params
+  from jaxencoder.restore_targets import stored_encoder
   from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
   run = RunDir.open(workdir)
-  stored = run.model_config()
-  cfg, params = resize_on_load(stored, run.restore_encoder(encoder_params(stored)), **resize)
+  step, stored_params = run.newest_restorable(lambda s: stored_encoder(run, step=s))
+  cfg, params = resize_on_load(run.model_config(step), stored_params, **resize)
   if cfg.input_kind == "image":
     return cfg, params, None
   vocab = run_tokenizer(run, tokenizer_path, fix="pass --tokenizer")
@@ -77,7 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   source.add_argument("--pretrained", help="a Hugging Face encoder directory")
   p.add_argument("--data", required=True,
                  help="word/TAG, .conllu, or .csv/.tsv file; images: dataset dir or .npz")
-  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--out", required=True, help="output directory (new or empty; see --overwrite)")
+  p.add_argument("--overwrite", action="store_true", help="replace an --out that this command "
+                 "wrote earlier (all of it: no plot of the earlier study stays)")
   p.add_argument("--tokenizer", help="override the tokenizer (vocab.txt / tokenizer.json)")
   p.add_argument("--pool", help="word: first|mean; sentence, image: cls|mean")
   p.add_argument("--max-sentences", type=int, help="use at most this many sentences / images")
@@ -164,6 +170,7 @@ def probe(args: argparse.Namespace) -> dict:
   from jaxencoder.io import outputs, paths
   from jaxencoder.probing import study
   outputs.check_apart(("--out", args.out), _inputs(args))
+  outputs.check_replaceable("--out", args.out, TOOL, args.overwrite)  # before any work
   if args.steps:  # a step that was not kept fails now, not after the main study
     from jaxencoder.io.run_dir import RunDir
     from jaxencoder.probing import dynamics
@@ -181,7 +188,7 @@ def probe(args: argparse.Namespace) -> dict:
         cfg, params, tokenizer = load_pretrained(hf_dir, local(args.tokenizer), **resize)
     dataset = read_data(args, local(args.data), cfg)
     out = paths.as_path(args.out)
-    out_local = stack.enter_context(tempfile.TemporaryDirectory()) if paths.is_url(out) else out
+    out_local = stack.enter_context(outputs.replacing("--out", out, TOOL, args.overwrite))
     options = options_from(args, hf_dir)
     source = args.checkpoint or args.pretrained
     if args.similarity:
@@ -193,8 +200,6 @@ def probe(args: argparse.Namespace) -> dict:
       if args.steps:
         rep = dynamics.run_steps(args.checkpoint, args.steps, cfg, tokenizer, dataset,
                                  out_local, options, rep)
-    if paths.is_url(out):
-      paths.copy_tree(out_local, out)
   if args.similarity:
     from jaxencoder.probing import compare
     print(compare.summary(rep))

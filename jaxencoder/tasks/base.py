@@ -73,6 +73,9 @@ class Family:
   predicts: dict[str, str] = {}
   # Tasks whose predictions come with one score per class (jaxencoder-predict --scores).
   scored: tuple[str, ...] = ()
+  # Tasks that learn the classes a dataset names: the fewest it must name (one class for a
+  # softmax: loss 0 and accuracy 1 from the first step, nothing learnt).
+  min_classes: dict[str, int] = {}
 
   def resolve(self, config) -> str:
     """The task to build from a config (ConfigDict or stored dict), options folded in."""

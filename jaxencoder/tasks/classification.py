@@ -79,6 +79,7 @@ class Classification(Family):
                     "multiple_choice": ("text", "choice_0", "label")}
   predicts = {"classify": "lines", "multilabel": "lines", "token_classify": "words"}
   scored = ("classify", "multilabel")
+  min_classes = {"classify": 2, "token_classify": 2, "multilabel": 1}  # multilabel: yes/no each
 
   def build(self, name, cfg, *, num_classes=2) -> Task:
     input_key = INPUT_KEYS[cfg.input_kind]

@@ -5,7 +5,8 @@ be local or gs://bucket/path; rerunning with the same workdir resumes from its l
 checkpoint. SIGTERM / Ctrl-C save the latest finished step and exit with code 75
 (EX_TEMPFAIL), which job schedulers can requeue on; so does a disk that fills up during
 a save, with one line naming the step that failed and the last durable one. A loss that
-becomes NaN/Inf exits 1 naming the step, the last durable one and what to lower.
+becomes NaN/Inf exits 1 naming the step, the last durable one and what to lower; so does
+a step out of device memory, naming the batch and about the largest one that fits.
 """
 
 from __future__ import annotations
@@ -35,17 +36,38 @@ def load_config(path: str):
   if path.suffix != ".py":
     raise cli.UserError(f"--config {path}: expected a Python config file (configs/*.py) with "
                     "get_config()")
+  import ml_collections  # here, not at the top: --help stays light
   spec = importlib.util.spec_from_file_location(f"config_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
+  call = f"get_config({arg!r})" if arg else "get_config()"
   try:
     spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
       raise cli.UserError(f"--config {path}: defines no get_config()")
-    return module.get_config(arg) if arg else module.get_config()
+    config = module.get_config(arg) if arg else module.get_config()
+  except cli.UserError:
+    raise
   except SyntaxError as e:  # also IndentationError
-    raise cli.UserError(f"--config {e.filename}:{e.lineno}: {e.msg}") from None
-  except (ImportError, NameError, AttributeError, TypeError, ValueError, KeyError) as e:
-    raise cli.UserError(f"--config {_failing_line(path, e)}: {type(e).__name__}: {e}") from None
+    raise cli.UserError(f"--config {e.filename}:{e.lineno}: {e.msg}") from _cause(e)
+  except Exception as e:  # whatever the file runs into: one line naming it, never a traceback
+    raise cli.UserError(f"--config {_failing_line(path, e)}: {_one_line(e)}") from _cause(e)
+  if not isinstance(config, ml_collections.ConfigDict):
+    returned = "None (no return?)" if config is None else f"a {type(config).__name__}"
+    raise cli.UserError(f"--config {path}: {call} returned {returned}, not an "
+                        "ml_collections.ConfigDict; return one, e.g. base_config() from "
+                        "jaxencoder.train.config with the keys it changes")
+  return config
+
+
+def _one_line(error: Exception) -> str:
+  """`Type: message`, the message's first line (`Type` alone without one)."""
+  lines = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def _cause(error: Exception) -> Exception | None:
+  """The error behind a config file's one line: shown with JAXENCODER_TRACEBACK=1."""
+  return error if os.environ.get("JAXENCODER_TRACEBACK") else None
 
 
 def _failing_line(path: pathlib.Path, error: Exception) -> str:
@@ -97,6 +119,7 @@ def main(argv=None) -> None:
   from jaxencoder.data.readers import DataError
   from jaxencoder.io.checkpoint import CheckpointError
   from jaxencoder.train.loop import NonFiniteLossError
+  from jaxencoder.train.out_of_memory import OutOfMemory
   from jaxencoder.train import stop
   from jaxencoder.train.stop import EXIT_PREEMPTED, Preempted
   stop.exit_on_second_interrupt = True  # no KeyboardInterrupt from inside XLA (stop.py)
@@ -105,7 +128,7 @@ def main(argv=None) -> None:
   except Preempted as e:
     print(e, file=sys.stderr)
     sys.exit(EXIT_PREEMPTED)
-  except NonFiniteLossError as e:  # not resumable as is: the config must change
+  except (NonFiniteLossError, OutOfMemory) as e:  # not resumable as is: the config must change
     if os.environ.get("JAXENCODER_TRACEBACK"):
       raise
     print(f"error: {e}", file=sys.stderr)
@@ -141,7 +164,8 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
   from jaxencoder.train.config import apply_overrides
   import jax
-  from jaxencoder.train import loop, optim
+  from jaxencoder.io import paths
+  from jaxencoder.train import loop
   if args.config is None and not args.eval_only:
     raise cli.UserError("--config is required (except with --eval_only)")
   config = load_config(args.config) if args.config else None
@@ -150,12 +174,28 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
   elif overrides:
     raise cli.UserError("--config.* overrides need --config")
   if args.eval_only:
+    if config is not None:
+      check_before_writing(config, train=False)
     metrics = loop.evaluate_run(config, args.workdir)
   else:
-    optim.check(config.optim)  # a value that cannot be right: refused before the workdir exists
-    check_writable_workdir(args.workdir)
-    metrics = loop.train_and_evaluate(config, args.workdir)
+    check_before_writing(config)
+    # a run refused before it wrote anything leaves no empty workdir behind
+    with paths.removed_if_left_empty(args.workdir, enabled=jax.process_index() == 0):
+      check_writable_workdir(args.workdir)
+      metrics = loop.train_and_evaluate(config, args.workdir)
   return metrics if jax.process_index() == 0 else None
+
+
+def check_before_writing(config, *, train: bool = True) -> None:
+  """Values that cannot be right, refused before the workdir exists: the optimizer's, and
+  batches that the run's devices (config.cpu_devices applied) do not divide."""
+  import jax
+  from jaxencoder.train import optim, sharding
+  from jaxencoder.train.config import check_batches
+  if train:
+    optim.check(config.optim)
+  sharding.use_cpu_devices(config.cpu_devices)
+  check_batches(config, jax.device_count(), train=train)
 
 
 def print_config(path: str | None, overrides: list[str]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import math
 from typing import Any, Sequence
 
 import ml_collections
@@ -22,7 +23,7 @@ from jaxencoder.data import packing
 from jaxencoder.tasks import registry
 from jaxencoder.train.optim import check as check_optim
 from jaxencoder.train.optim import default_optim_config, wsd_decay_steps
-from jaxencoder.train.sharding import DEFAULT_RULES
+from jaxencoder.train.sharding import DEFAULT_RULES, batch_devices
 
 log = logging.getLogger("jaxencoder")
 
@@ -94,6 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
       # text_corpus MLM: a fetched corpus stores its token ids once, at prepare (keyed
       # to the tokenizer); reading then does no tokenisation (data/token_ids.py).
       tokenize_once=True,
+      # resume although a dataset the run read changed since (re-prepared under the same
+      # name): warned, recorded in metrics.jsonl (split data_changed) and run_record.json
+      allow_changed_data=False,
   ))
   c.batch_size = 32
   c.eval_batch_size = 64
@@ -166,6 +170,36 @@ def rows_per_step(config) -> int:
   """Rows of data one train step consumes: batch_size x optim.grad_accum_steps (each
   step is one optimizer update over that many micro-batches)."""
   return config.batch_size * config.optim.get("grad_accum_steps", 1)
+
+
+def check_batches(config, num_devices: int, *, train: bool = True) -> None:
+  """A ValueError naming a batch that its data-parallel devices do not divide, and the
+  nearest sizes that work: each step's batch_size x optim.grad_accum_steps rows (its
+  micro-batches need not divide) and eval_batch_size (eval and test) are split evenly over
+  the mesh's data x fsdp devices (pmap: every device). Checked before anything compiles;
+  `num_devices`: the run's (after cpu_devices)."""
+  devices, axes = batch_devices(config.mesh_shape, num_devices)
+  over = f"{devices} data-parallel device{'s' * (devices != 1)} (mesh {axes})"
+  if train and config.parallelism == "pmap":
+    _check_divides("batch_size", config.batch_size, config.optim.grad_accum_steps,
+                   num_devices, f"{num_devices} devices (parallelism=pmap)")
+  elif train:
+    _check_divides("batch_size", config.batch_size, config.optim.grad_accum_steps, devices, over)
+  _check_divides("eval_batch_size", config.eval_batch_size, 1, devices, over)
+
+
+def _check_divides(key: str, batch, accum, devices: int, over: str) -> None:
+  """`batch` x `accum` rows over `devices`; sizes that are not positive integers are
+  left to finalize."""
+  if not all(isinstance(n, int) and n > 0 for n in (batch, accum)) or batch * accum % devices == 0:
+    return
+  unit = devices // math.gcd(devices, accum)  # the batch sizes that divide: its multiples
+  below = batch // unit * unit
+  sizes = [n for n in (below, below + unit) if n > 0]
+  rows = f"{key}={batch}" + (f" x optim.grad_accum_steps={accum} ({batch * accum} rows a step)"
+                             if accum > 1 else "")
+  raise ValueError(f"{rows} does not divide over {over}; use {key}="
+                   f"{' or '.join(map(str, sizes))}")
 
 
 def resolved_task(config) -> str:

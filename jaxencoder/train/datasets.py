@@ -15,6 +15,7 @@ from jax.experimental import multihost_utils
 
 from jaxencoder.data import builders
 from jaxencoder.data import fetch as fetch_lib
+from jaxencoder.data import fingerprints
 from jaxencoder.data import pipeline, records, sources, token_ids
 from jaxencoder.data.mixture import Mixture, parse_weights
 from jaxencoder.data.readers import DataError
@@ -39,6 +40,9 @@ class Pipelines:
   tokenizer: Tokenizer | None
   train_workers: int = 0  # processes making the train batches (their state's layout)
   make_test: Callable[[], grain.IterDataset] | None = None
+  label_names: list[str] | None = None  # the classes / tags, in order (None: no labels)
+  # {"train" | "eval" | "test": the fingerprint of each prepared split read (data/fingerprints)}
+  fingerprints: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
 
 
 class Subset:
@@ -201,9 +205,22 @@ def label_names(data_cfg, name: str) -> list[str] | None:
   return sources.label_names(name, tfds_dir, feature=feature)
 
 
-def _num_classes(data_cfg, name: str) -> int | None:
-  names = label_names(data_cfg, name)
-  return None if names is None else len(names)
+def check_classes(config, name: str, names: list[str] | None = None) -> None:
+  """A DataError for a dataset that names fewer classes than its task learns from (the
+  family's `min_classes`): one class trains to loss 0 and accuracy 1 and learns nothing.
+  `names`: the dataset's label names, if read already."""
+  task, family = registry.owner(config)
+  needed = family.min_classes.get(task)
+  if needed and names is None:
+    names = label_names(config.data, name)
+  if names is None or len(names) >= needed:
+    return
+  named = f" ({', '.join(map(repr, names))})" if names else ""
+  listed = (", or a labels.txt beside its source files naming every class"
+            if builders.KINDS[config.data.kind].text else "")
+  raise DataError(f"{name}: its labels name {len(names)} class{'es' * (len(names) != 1)}"
+                  f"{named}; task={task} needs {needed} or more to learn anything: add "
+                  f"examples of another class{listed}, and prepare it again")
 
 
 def check_model_fits(config, name: str, train) -> None:
@@ -252,11 +269,15 @@ def local_batch_size(global_batch_size: int) -> int:
   return global_batch_size // processes
 
 
-def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
+def make_pipelines(config: ml_collections.ConfigDict, tokenizer_file: str | None = None
+                   ) -> Pipelines:
   """Builds the pipelines the task and data kind call for; text batches are range-checked
-  against the model's vocabularies."""
+  against the model's vocabularies. `tokenizer_file`: the tokenizer to read text with
+  (a resumed run's own copy), instead of data.tokenizer."""
   data_cfg = config.data
-  tokenizer = tokenizer_path(data_cfg) if stores_token_ids(config) else None
+  tokenizer_file = tokenizer_file or (tokenizer_path(data_cfg) if data_cfg.kind in TEXT_KINDS
+                                      else None)
+  tokenizer = tokenizer_file if stores_token_ids(config) else None
   if data_cfg.sources:
     train_src, eval_src, name = open_mixture(config, tokenizer)
   else:
@@ -264,8 +285,10 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
     train_src, eval_src = open_splits(data_cfg, name)
     check_sizes(data_cfg, name, train_src, eval_src)
     check_model_fits(config, name, train_src)
-  tok = load_tokenizer(data_cfg) if data_cfg.kind in TEXT_KINDS else None
-  num_classes = _num_classes(data_cfg, name)
+  tok = Tokenizer.from_file(tokenizer_file) if tokenizer_file else None
+  names = label_names(data_cfg, name)
+  check_classes(config, name, names)
+  num_classes = None if names is None else len(names)
 
   train_workers = num_workers(config, train_src, tok)
 
@@ -278,15 +301,19 @@ def make_pipelines(config: ml_collections.ConfigDict) -> Pipelines:
     if not config.model.type_vocab_size:  # no type table (DistilBERT, ModernBERT): no types
       ds = ds.map(lambda batch: {k: v for k, v in batch.items() if k != "token_type_ids"})
     return pipeline.check_ids(ds, id_limits(config.model),
-                              f"tokenizer {tokenizer_path(data_cfg)} on {name}")
+                              f"tokenizer {tokenizer_file} on {name}")
 
-  make_test = None
+  make_test, read = None, {"train": train_src, "eval": eval_src}
   if data_cfg.test_split:
     test_src = sources.open_source(name, data_cfg.test_split, as_path(data_cfg.data_dir) / "tfds")
     make_test = lambda: build(test_src, config.eval_batch_size, 1, False)  # noqa: E731
+    read["test"] = test_src
   return Pipelines(build(train_src, rows_per_step(config), None, True),
                    lambda: build(eval_src, config.eval_batch_size, 1, False),
-                   num_classes, tok, train_workers, make_test)
+                   num_classes, tok, train_workers, make_test,
+                   label_names=names,
+                   fingerprints={role: fingerprints.split_fingerprints(src)
+                                 for role, src in read.items()})
 
 
 def stores_token_ids(config) -> bool:

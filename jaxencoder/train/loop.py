@@ -7,6 +7,7 @@ workdir may be local or `gs://bucket/path` (see jaxencoder.io.run_dir).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -20,12 +21,12 @@ import numpy as np
 from jaxencoder import lora, progress
 from jaxencoder.data import packing
 from jaxencoder.encoder import ENCODER
-from jaxencoder.train import distributed
+from jaxencoder.train import distributed, provenance
 from jaxencoder.train.compilation_cache import use_compilation_cache
 from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
-from jaxencoder.io.checkpoint import Checkpointer, CheckpointError
-from jaxencoder.io import run_lock
+from jaxencoder.io.checkpoint import Checkpointer
+from jaxencoder.io import run_lock, run_record
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.tasks.base import Task
 from jaxencoder.tasks.registry import task_from_config
@@ -34,10 +35,11 @@ from jaxencoder.train.optim import make_optimizer, trainable_mask
 from jaxencoder.train.parallel import make_stepper
 from jaxencoder.train.datasets import Pipelines, make_pipelines
 from jaxencoder.train.prefetch import DevicePrefetch
+from jaxencoder.train import out_of_memory as oom
 from jaxencoder.train.stop import Preempted, StopSignals
-from jaxencoder.train.config import RNG_IMPLS, encoder_config
+from jaxencoder.train.config import RNG_IMPLS, check_batches, encoder_config
 from jaxencoder.train.init_from import finalized, restore_base
-from jaxencoder.train.resume import check_config_unchanged
+from jaxencoder.train.resume import check_config_unchanged, newest_config
 
 log = logging.getLogger("jaxencoder")
 
@@ -109,11 +111,18 @@ def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False
   """Builds data, model, optimizer, mesh and checkpointer; restores or initialises state.
   `read_only`: writes nothing to the workdir (no metrics, no renamed damaged steps)."""
   run_dir = RunDir(workdir)
-  pipelines = make_pipelines(config)
+  newest, saved = newest_config(run_dir)
+  if saved:  # before any array or dataset is read: a changed model is refused in one line
+    check_config_unchanged(run_dir, config, saved)
+  record = run_record.read(run_dir.path) if newest is not None else None
+  pipelines = make_pipelines(config, provenance.tokenizer_file(run_dir, config, record))
   task = build_task(config, pipelines)
   train_iter = iter(pipelines.train)
-  example = peek(train_iter)
+  example = peek(train_iter)  # the data read (a damaged file fails here, nothing written)
   log_packing(config.data, train_iter)
+  writes = jax.process_index() == 0 and not read_only
+  data_changed = provenance.settle(run_dir, config, pipelines, record, step=newest,
+                                   writes=writes)
   mesh = sharding_lib.make_mesh(config.mesh_shape)
   rules = sharding_lib.rules_from_config(config.logical_axis_rules)
   boxed = steps.boxed_param_shapes(task, example)  # the one trace of the model's init
@@ -128,33 +137,32 @@ def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False
             steps.state_shardings(task, tx, example, mesh, rules, boxed=boxed), checkpointer,
             writer=None, train_iter=train_iter)
   started = time.perf_counter()
-  run.state = restore_or_init(run, example, boxed, evaluating=read_only)
+  run.state = restore_or_init(run, example, boxed, evaluating=read_only, checked=newest)
   run.timings["state_init_s"] = time.perf_counter() - started
-  writes = jax.process_index() == 0 and not read_only
   if writes:  # metrics past the restored step were never made durable
     run_dir.drop_metrics_after(int(run.state.step))
   run.writer = MetricWriter(run_dir.path, enabled=writes)
+  if data_changed:
+    run.writer.write(int(run.state.step), "data_changed", data_changed)
   return run
 
 
-def restore_or_init(run: Run, example, boxed=None, *,
-                    evaluating: bool = False) -> steps.TrainState:
+def restore_or_init(run: Run, example, boxed=None, *, evaluating: bool = False,
+                    checked: int | None = None) -> steps.TrainState:
   """The newest restorable checkpoint (state + data position), else fresh params
   (+ init_from), ready on the devices. `boxed`: the params' boxed shapes, if known.
-  `evaluating`: for an eval-only look at the run (logged as such, not as a resume)."""
+  `evaluating`: for an eval-only look at the run (logged as such, not as a resume).
+  `checked`: the step whose config the caller compared with run.config already."""
   config, shows = run.config, shows_progress(run.config)
   latest = run.checkpointer.latest_step()
   if latest is not None:
     abstract = steps.abstract_state(run.task, run.tx, example, run.mesh, run.rules,
                                     shardings=run.shardings, boxed=boxed)
     with progress.phase(f"restoring step {latest}", enabled=shows):
-      try:
-        step, state, data_state, saved = run.checkpointer.restore_newest(abstract_state=abstract)
-      except CheckpointError:
-        check_config_unchanged(run.run_dir, config)  # restores nowhere: name the fields
-        raise
+      step, state, data_state, saved = run.checkpointer.restore_newest(abstract_state=abstract)
       state = jax.block_until_ready(state)
-    check_config_unchanged(run.run_dir, config, saved)  # the step restored, not another
+    if step != checked:  # an older step than the one compared: its own config
+      check_config_unchanged(run.run_dir, config, saved)
     restore_data_position(run.train_iter, data_state, step, run.pipelines.train_workers)
     log.info("%s step %d (%s)", "evaluating" if evaluating else "resumed from", step,
              run.checkpointer.directory / str(step))
@@ -243,16 +251,18 @@ def evaluate(run: Run, eval_step, signals: StopSignals | None = None, *,
              make_batches=None) -> dict[str, float] | None:
   """Deterministic metrics over the whole eval split (or `make_batches()`'s); None if a
   stop signal cut it short."""
-  totals = None
-  with steps.mesh_context(run.mesh, run.rules):
-    for batch in (make_batches or run.pipelines.make_eval)():
+  totals = batch = None
+  compiled = lambda: eval_step.lower(run.state.params, batch).compile()  # noqa: E731
+  with steps.mesh_context(run.mesh, run.rules), oom.named(_out_of_memory(run, "eval", compiled)):
+    for host_batch in (make_batches or run.pipelines.make_eval)():
       if signals is not None and signals.requested():
         return None
-      sums = eval_step(run.state.params, sharding_lib.put_batch(batch, run.mesh))
+      batch = sharding_lib.put_batch(host_batch, run.mesh)
+      sums = eval_step(run.state.params, batch)
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  if totals is None:
-    raise ValueError("the eval split is empty")
-  return run.task.summarize(jax.device_get(totals))
+    if totals is None:
+      raise ValueError("the eval split is empty")
+    return run.task.summarize(jax.device_get(totals))
 
 
 def check_finite(state: steps.TrainState) -> None:
@@ -284,6 +294,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   started = time.perf_counter()
   config = finalized(config)
   sharding_lib.use_cpu_devices(config.cpu_devices)
+  check_batches(config, jax.device_count())  # before the lock writes anything
   use_compilation_cache(config.compilation_cache_dir)
   lock = run_lock.hold(workdir, config.lock_timeout_s, leader=jax.process_index() == 0,
                        share=lambda refusal: distributed.gather_json(refusal)[0])
@@ -332,6 +343,7 @@ def evaluate_run(config: ml_collections.ConfigDict | None, workdir) -> dict[str,
     config.init_from = ""  # the run's own checkpoint holds the weights
   config = finalized(config)
   sharding_lib.use_cpu_devices(config.cpu_devices)
+  check_batches(config, jax.device_count(), train=False)
   use_compilation_cache(config.compilation_cache_dir)
   run = setup(config, workdir, read_only=True)  # no lock: a trainer may hold it
   try:
@@ -352,18 +364,37 @@ def _stop(run: Run, signals: StopSignals) -> Preempted:
 
 def _diverged(run: Run, error: NonFiniteLossError) -> NonFiniteLossError:
   """`error` with the last durable step and what to change before resuming from it."""
-  run.checkpointer.wait()
-  durable, optim = run.checkpointer.latest_step(), run.config.optim
-  resume = (f"step {durable} in {run.checkpointer.directory} is the last durable one"
-            if durable is not None else "no step was saved")
+  optim = run.config.optim
   return NonFiniteLossError(
-      f"{error}; {resume}; lower optim.learning_rate (now {optim.learning_rate}) or "
+      f"{error}; {_durable(run)}; lower optim.learning_rate (now {optim.learning_rate}) or "
       f"optim.grad_clip_norm (now {optim.grad_clip_norm}) and rerun with the same --workdir")
+
+
+def _durable(run: Run) -> str:
+  """Which step is the last durable one (pending saves waited for)."""
+  run.checkpointer.wait()
+  durable = run.checkpointer.latest_step()
+  return (f"step {durable} in {run.checkpointer.directory} is the last durable one"
+          if durable is not None else "no step was saved")
+
+
+def _out_of_memory(run: Run, step: str, compiled):
+  """oom.named's line for the `step` (train | eval) of this run; `compiled()`: the step
+  compiled. A train step's names the last durable step too (an eval's step is saved)."""
+  def line(error: Exception) -> str:
+    fixed = run.state if step == "train" else run.state.params
+    text = oom.describe(step, error, run.config, fixed, compiled)
+    if step != "train":
+      return text
+    return f"{text}; {_durable(run)}"  # a resume may split the rows: batch_size x accum kept
+  return line
 
 
 def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   config, shows = run.config, shows_progress(run.config)
-  with progress.phase("compiling the train step", enabled=shows):
+  stepper = None
+  named = _out_of_memory(run, "train", lambda: stepper and stepper.compiled)
+  with oom.named(named), progress.phase("compiling the train step", enabled=shows):
     stepper = make_stepper(config.parallelism, run.task, run.tx, rng_key(config, 1),
                            run.shardings, run.mesh, run.rules, run.state, peek(run.train_iter),
                            micro_batches=config.optim.grad_accum_steps,
@@ -377,7 +408,7 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   # A thread reads batches ahead; checkpoints record the position of the next unconsumed one.
   prefetched = run.train_iter = DevicePrefetch(run.train_iter, stepper.put)
   try:
-    with bar:
+    with bar, oom.named(named):
       eval_metrics = _steps(run, signals, stepper, eval_step, startup, bar, prefetched)
     check_finite(run.state)
   except NonFiniteLossError as e:
@@ -428,7 +459,7 @@ def _steps(run: Run, signals: StopSignals, stepper, eval_step, startup, bar,
         run.writer.write(start + 1, "startup", startup)
         startup = None
     if eval_now:
-      eval_metrics = evaluate(run, eval_step, signals)
+      eval_metrics = _evaluate_durably(run, eval_step, signals)
       if eval_metrics is None:  # a signal during eval: save this step without its metrics
         stop = save_now = True
       else:
@@ -444,6 +475,39 @@ def _steps(run: Run, signals: StopSignals, stepper, eval_step, startup, bar,
   jax.block_until_ready(sums)
   _count_finished(bar, config.num_train_steps)
   return eval_metrics
+
+
+def _evaluate_durably(run: Run, eval_step, signals: StopSignals) -> dict[str, float] | None:
+  """evaluate() at run.state's step; if it raises (e.g. a batch that does not fit, an
+  eval_batch_size raised on resume), that step is saved first, so the steps trained since
+  the last save are kept, and the error's line says so."""
+  jax.block_until_ready(run.state)  # a failed train step is the train step's, not eval's
+  try:
+    return evaluate(run, eval_step, signals)
+  except Exception as e:
+    kept = _saved_after(run, e)
+    if kept is e:
+      raise
+    raise kept from e
+
+
+def _saved_after(run: Run, error: Exception) -> Exception:
+  """`error` once run.state's step is saved (no eval metrics) and durable, its line
+  saying so; `error` itself where the state cannot be saved or the line not extended."""
+  step = int(run.state.step)
+  try:
+    save(run, None, force=True)
+    run.checkpointer.wait()
+  except Exception as e:  # NaN, a full disk: the eval's error stands
+    log.warning("step %d not saved after its eval failed: %s", step, e)
+    return error
+  saved = (f"step {step} is saved in {run.checkpointer.directory}: rerun with the same "
+           "--workdir to continue from it")
+  if len(error.args) == 1 and isinstance(error.args[0], str):
+    with contextlib.suppress(Exception):  # a type that takes other arguments
+      return type(error)(f"{error.args[0]}; {saved}")
+  log.warning("the eval at step %d failed; %s", step, saved)
+  return error
 
 
 def _count_finished(bar: progress.Progress, steps_done: int) -> None:

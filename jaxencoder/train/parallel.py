@@ -51,6 +51,11 @@ class JitStepper:
     self.state, sums = self._step(self.state, batch)
     return sums
 
+  @property
+  def compiled(self):
+    """The compiled step (its memory_analysis() names an out-of-memory step)."""
+    return self._step
+
 
 class PmapStepper:
   """`train_step` under jax.pmap: replicated state, [devices, B / devices, ...] batches,
@@ -91,6 +96,11 @@ class PmapStepper:
   def step(self, batch):
     self._replicas, sums = self._step(self._replicas, batch, self._rngs)
     return jax.tree.map(lambda x: x[0], sums)  # identical on every device
+
+  @property
+  def compiled(self):
+    """The compiled step (its memory_analysis() names an out-of-memory step)."""
+    return self._step
 
   @property
   def state(self):

@@ -11,8 +11,9 @@ By the run's task (read from the config stored with its checkpoint):
   mlm (+ sentence_pair), electra (its discriminator), contrastive
                   one text per line -> OUT (.npy): pooled encoder vectors [N, D]
 Text runs only; span and multiple_choice runs are not supported (their eval metrics are
-in the run's metrics.jsonl). Labels are named from the run's prepared dataset when it
-is still there, else printed as class indices.
+in the run's metrics.jsonl). Labels are named as the run stored them when it began
+(run_record.json), not from the dataset as it is now; a run made before runs stored them
+takes them from its prepared dataset when it is still there, else prints class indices.
 
   --scores      classify: each class's probability (softmax); multilabel: each label's
                 sigmoid; a column per class, named by the run's labels. Other tasks have
@@ -20,6 +21,11 @@ is still there, else printed as class indices.
   --format jsonl (or --out FILE.jsonl): one JSON object per input line,
                 {"input", "prediction" (a vector for embeddings), "scores": {class: p}}.
   --batch-size  lines per forward pass; any size gives the same predictions.
+
+Row i of every output is line i of --input. A blank line (empty or only whitespace) is
+not run through the model: in text output it gives an empty line (with --scores: an empty
+prediction and nan scores), in jsonl {"input": LINE, "blank": true} (no prediction or
+scores), in a .npy of vectors a row of NaN (not zeros, which look like a vector).
 """
 
 from __future__ import annotations
@@ -128,7 +134,7 @@ def _restore_step(run: RunDir, run_path, step: int) -> tuple[Predictor, dict]:
   if cfg.input_kind != "text":
     raise UnsupportedRun(f"{run_path}: predict reads text; this run's input_kind is "
                          f"{cfg.input_kind!r}")
-  names = _label_names(config)
+  names, stored = _label_names(run, config)
   task_name, family = registry.owner(config)
   if task_name not in family.predicts:
     supported = [n for f in registry.FAMILIES for n in f.predicts]
@@ -137,29 +143,66 @@ def _restore_step(run: RunDir, run_path, step: int) -> tuple[Predictor, dict]:
   task = registry.task_from_config(config, cfg, num_classes=len(names) if names
                                    else config.get("num_classes", 2))
   example = family.init_inputs(task_name)
-  params = restore_params_only(run.checkpoint_dir, abstract_params(cfg, task.model, example),
-                               subtree=("params",), step=step)
+  abstract = abstract_params(cfg, task.model, example)
+  if names and not stored:
+    _check_head_size(run, abstract, names, step)
+  params = restore_params_only(run.checkpoint_dir, abstract, subtree=("params",), step=step)
   return Predictor(task_name, family, cfg, task.model, params, None, 0, names), config
 
 
-def _label_names(config: dict) -> list[str] | None:
-  """Class names from the run's prepared dataset, if it can still be opened."""
+def _label_names(run: RunDir, config: dict) -> tuple[list[str] | None, bool]:
+  """(class names, whether the run stored them): those in its run_record.json; for a run
+  made before runs recorded them, those of its prepared dataset as it is now (with a
+  warning), if it can still be opened."""
   import ml_collections
 
+  from jaxencoder.io import run_record
   from jaxencoder.train import datasets
+  record = run_record.read(run.path)
+  if record is not None and "labels" in record:
+    return record["labels"], True
   data = ml_collections.ConfigDict(config["data"])
   try:
-    return datasets.label_names(data, data.source)
+    names = datasets.label_names(data, data.source)
   except Exception:  # the dataset moved or was deleted: fall back to indices
-    return None
+    return None, False
+  if names:
+    log.warning("%s stores no label names (made by an older jaxencoder): naming classes "
+                "from %s as it is now", run.path, data.source)
+  return names, False
+
+
+def _check_head_size(run: RunDir, abstract: dict, names: list[str], step: int) -> None:
+  """UnsupportedRun when the head's stored outputs are not as many as today's classes (the
+  dataset gained or lost one since training): not a damaged checkpoint."""
+  import jax
+
+  from jaxencoder.io.checkpoint import reader
+  manager = reader(run.checkpoint_dir)
+  try:
+    stored = manager.item_metadata(step)["state"].tree["params"]
+  finally:
+    manager.close()
+  ours = {jax.tree_util.keystr(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(abstract)}
+  theirs = {jax.tree_util.keystr(p): tuple(x.shape)
+            for p, x in jax.tree_util.tree_leaves_with_path(stored)}
+  for key, shape in ours.items():
+    if key in theirs and theirs[key] != shape and len(names) in shape:
+      raise UnsupportedRun(
+          f"{run.path}: its dataset changed since training: it now has {len(names)} classes, "
+          f"the run's head {key} has shape {theirs[key]}, not {shape}; the checkpoints are "
+          "intact: predict with the dataset as it was, or train on the new one")
 
 
 @dataclasses.dataclass
 class Predictions:
-  """Outputs of N lines, and their class scores when asked for."""
+  """Outputs of N lines, and their class scores when asked for: row i is line i. A blank
+  line (empty or whitespace-only) is not run through the model: its output line is "", its
+  vector and scores NaN (zeros would read as a prediction), and blank_N marks it."""
   outputs: list[str] | np.ndarray  # output lines, or pooled vectors [N, D]
   scores_NxC: np.ndarray | None = None
   score_names: list[str] | None = None  # the class of each score column
+  blank_N: np.ndarray | None = None  # [N] bool: the blank lines
 
 
 def predict(p: Predictor, lines: list[str], *, batch_size: int = BATCH,
@@ -170,13 +213,21 @@ def predict(p: Predictor, lines: list[str], *, batch_size: int = BATCH,
 
 def predictions(p: Predictor, lines: list[str], *, batch_size: int = BATCH,
                 scores: bool = False, progress: bool = False) -> Predictions:
-  """Predictions of `lines`, `batch_size` at a time (any size gives the same results);
-  `scores`: also one score per class (a ValueError for a task without them). `progress`:
-  a bar (or plain lines) over the batches, on stderr."""
+  """Predictions of `lines`, a row per line (a blank one gets "" or NaN, see Predictions),
+  `batch_size` at a time (any size gives the same results); `scores`: also one score per
+  class (a ValueError for a task without them). `progress`: a bar (or plain lines) over
+  the batches, on stderr."""
   if batch_size < 1:
     raise ValueError(f"batch size {batch_size}: needs at least 1 line per batch")
   if scores and p.task not in p.family.scored:
     raise ValueError(_no_scores(p.task))
+  blank_N = np.array([not line.strip() for line in lines], bool)
+  kept = [line for line, blank in zip(lines, blank_N) if not blank]
+  return _with_blank_rows(_predict_batches(p, kept, batch_size, scores, progress), blank_N)
+
+
+def _predict_batches(p: Predictor, lines: list[str], batch_size: int, scores: bool,
+                     progress: bool) -> Predictions:
   outputs, scored = [], []
   starts = range(0, len(lines), batch_size)
   for start in progress_lib.track(starts, "predicting", unit="batch", enabled=progress):
@@ -194,6 +245,25 @@ def predictions(p: Predictor, lines: list[str], *, batch_size: int = BATCH,
     result.scores_NxC = np.concatenate(scored) if scored else np.zeros((0, 0))
     result.score_names = [p.label(c) for c in range(result.scores_NxC.shape[1])]
   return result
+
+
+def _with_blank_rows(result: Predictions, blank_N: np.ndarray) -> Predictions:
+  """`result` of the non-blank lines, spread to every line: "" or NaN at the blank ones."""
+  if isinstance(result.outputs, np.ndarray):
+    outputs = _nan_rows(result.outputs, blank_N)
+  else:
+    outputs = iter(result.outputs)
+    outputs = ["" if blank else next(outputs) for blank in blank_N]
+  scores_NxC = None if result.scores_NxC is None else _nan_rows(result.scores_NxC, blank_N)
+  return Predictions(outputs, scores_NxC, result.score_names, blank_N)
+
+
+def _nan_rows(values_KxC: np.ndarray, blank_N: np.ndarray) -> np.ndarray:
+  """[N, C]: `values_KxC` at the K non-blank rows, NaN at the blank ones."""
+  dtype = np.result_type(values_KxC.dtype, np.float32)
+  full_NxC = np.full((len(blank_N), values_KxC.shape[1]), np.nan, dtype)
+  full_NxC[~blank_N] = values_KxC
+  return full_NxC
 
 
 def _no_scores(task: str) -> str:
@@ -222,7 +292,8 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(prog="jaxencoder-predict", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--run", required=True, help="a train.py workdir (local or gs://)")
-  parser.add_argument("--input", required=True, help="a text file, one input per line")
+  parser.add_argument("--input", required=True, help="a text file, one input per line (a "
+                      "blank line keeps its row: empty, NaN, or flagged \"blank\" in jsonl)")
   parser.add_argument("--out", help="output file (default: stdout; .npy for embeddings; "
                       ".jsonl: JSON lines)")
   parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
@@ -248,21 +319,33 @@ def _positive(text: str) -> int:
 def _main(args) -> None:
   if args.out:  # before any work: a refused --out costs nothing
     _check_out(args.out, args)
-  lines = [line for line in pathlib.Path(args.input).read_text(encoding="utf-8").splitlines()
-           if line.strip()]
+  lines = read_lines(args.input)
   jsonl = (args.format or ("jsonl" if (args.out or "").endswith(".jsonl") else "text")) == "jsonl"
   p = load(args.run, args.step)
   result = predictions(p, lines, batch_size=args.batch_size, scores=args.scores, progress=True)
+  blanks = int(result.blank_N.sum())
+  note = lambda kept_as: f" ({blanks} blank lines: {kept_as})" if blanks else ""
   if jsonl:
     rows = [json.dumps(record) for record in json_records(result, lines)]
-    _emit(args.out, rows, f"{len(lines)} predictions (JSON lines)")
+    _emit(args.out, rows, f"{len(lines)} predictions, JSON lines{note('flagged blank')}")
   elif isinstance(result.outputs, np.ndarray):
     out = pathlib.Path(args.out or "embeddings.npy")
     _check_out(out, args)
     np.save(out, result.outputs)
-    print(f"wrote {out}: {result.outputs.shape[0]} x {result.outputs.shape[1]} pooled vectors")
+    print(f"wrote {out}: {result.outputs.shape[0]} x {result.outputs.shape[1]} pooled vectors"
+          f"{note('rows of NaN')}")
   else:
-    _emit(args.out, text_lines(result, lines), f"{len(lines)} predictions")
+    _emit(args.out, text_lines(result, lines),
+          f"{len(lines)} predictions{note('empty predictions')}")
+
+
+def read_lines(path) -> list[str]:
+  """The lines of a UTF-8 text file, split at line ends only (LF, CRLF, CR): row i of the
+  output is line i, as an editor numbers them (str.splitlines also splits at form feeds
+  and U+2028)."""
+  with open(path, encoding="utf-8") as f:  # universal newlines: every line end reads "\n"
+    text = f.read()
+  return text.removesuffix("\n").split("\n") if text else []
 
 
 def _check_out(out, args) -> None:
@@ -289,9 +372,13 @@ def prediction_of(output: str, line: str) -> str:
 
 
 def json_records(result: Predictions, lines: list[str]) -> list[dict]:
-  """{"input", "prediction"[, "scores": {class: score}]} per input line."""
+  """{"input", "prediction"[, "scores": {class: score}]} per input line; a blank line's is
+  {"input", "blank": true}."""
   records = []
   for i, (output, line) in enumerate(zip(result.outputs, lines)):
+    if result.blank_N is not None and result.blank_N[i]:
+      records.append({"input": line, "blank": True})
+      continue
     record = {"input": line, "prediction": output.tolist() if isinstance(output, np.ndarray)
               else prediction_of(output, line)}
     if result.scores_NxC is not None:

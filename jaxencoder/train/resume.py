@@ -25,7 +25,7 @@ RESUMABLE_CHANGES = (
     "best_metric", "eval_batch_size", "progress_bar", "mesh_shape", "cpu_devices",
     "logical_axis_rules",
     "parallelism", "init_from", "model_overrides", "allow_config_change", "data.num_threads",
-    "data.workers", "data.tokenize_once", "data.test_split",
+    "data.workers", "data.tokenize_once", "data.test_split", "data.allow_changed_data",
     "optim.learning_rate", "optim.warmup_steps", "optim.total_steps", "optim.schedule",
     "optim.decay_fraction", "optim.decay_shape", "optim.end_lr_factor", "optim.weight_decay",
     "optim.grad_clip_norm",
@@ -48,12 +48,23 @@ def config_changes(saved: dict, current: ml_collections.ConfigDict
   old, new = _flatten(to_json(saved)), _flatten(to_json(current))
   for key, value in _flatten(to_json(base_config())).items():
     old.setdefault(key, value)  # settings added since: their defaults (a no-op then)
+  resumable = RESUMABLE_CHANGES + (SPLIT_STEP if _same_rows_per_step(old, new) else ())
   allowed, structural = [], []
   for key in sorted(old.keys() | new.keys()):
     if old.get(key, "<unset>") != new.get(key, "<unset>"):
       line = f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
-      (allowed if key in RESUMABLE_CHANGES else structural).append(line)
+      (allowed if key in resumable else structural).append(line)
   return allowed, structural
+
+
+# A step's rows split another way (e.g. after an out-of-memory: half the batch_size, twice
+# the micro-batches): the same rows per step, so the same batches and the same updates.
+SPLIT_STEP = ("batch_size", "optim.grad_accum_steps")
+
+
+def _same_rows_per_step(old: dict, new: dict) -> bool:
+  rows = lambda c: c.get("batch_size", 0) * c.get("optim.grad_accum_steps", 1)  # noqa: E731
+  return rows(old) == rows(new)
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -70,26 +81,33 @@ class ConfigChangedError(ValueError):
   """Resuming with a model / optimizer / data config other than the run's saved one."""
 
 
+def newest_config(run_dir) -> tuple[int | None, dict | None]:
+  """(newest step, the config of the newest step whose config reads) of a run directory;
+  (None, None) when it holds no step. JSON only: no array is read."""
+  found = run_dir.steps()
+  for step in reversed(found):
+    try:
+      return found[-1], run_dir.read_config(step)
+    except Exception:  # a damaged step: the restore reports it
+      continue
+  return (found[-1] if found else None), None
+
+
 def check_config_unchanged(run_dir, config, saved: dict | None = None) -> None:
   """Compares a saved config (default: that of the newest step of `run_dir` whose config
   reads) to `config`: allowed changes (schedule, length, logging) warn; structural ones
   raise naming each field."""
   if saved is None:
-    for step in reversed(run_dir.steps()):  # the newest step whose config reads
-      try:
-        saved = run_dir.read_config(step)
-        break
-      except Exception:  # a damaged step: the restore reports it
-        continue
+    saved = newest_config(run_dir)[1]
   if not saved:
     return
   allowed, structural = config_changes(saved, config)
-  if allowed:
-    log.warning("resuming with changed settings: %s", "; ".join(allowed))
   if structural and not config.allow_config_change:
     raise ConfigChangedError(
         f"{run_dir.path} was trained with another config: " + "; ".join(structural) +
         ". Use a new --workdir, or --config.allow_config_change=true to resume anyway")
+  if allowed:
+    log.warning("resuming with changed settings: %s", "; ".join(allowed))
   if structural:
     log.warning("resuming despite config changes (allow_config_change): %s",
                 "; ".join(structural))

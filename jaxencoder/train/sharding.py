@@ -48,6 +48,15 @@ def mesh_shape(requested: Sequence[int], num_devices: int) -> tuple[int, ...]:
   return tuple(shape)
 
 
+def batch_devices(requested: Sequence[int], num_devices: int) -> tuple[int, str]:
+  """(how many devices a batch is split over: the product of the BATCH_AXES of the mesh
+  `requested` makes of `num_devices`, those axes as `data=4, fsdp=2`)."""
+  sizes = dict(zip(MESH_AXES, mesh_shape(requested, num_devices)))
+  split = {axis: sizes[axis] for axis in BATCH_AXES}
+  named = ", ".join(f"{axis}={n}" for axis, n in split.items() if n > 1 or axis == "data")
+  return int(np.prod(list(split.values()))), named
+
+
 def use_cpu_devices(count: int) -> None:
   """Splits the host CPU into `count` JAX devices (config.cpu_devices; 0 leaves it as is).
 
