@@ -101,7 +101,7 @@ def pair_retrieval(data_dir, runs, dims=()) -> list[dict]:
   hard negatives (2 x N candidates); each test speech of `shakespeare_speeches` ranks
   the split's second halves by its first half (cut as data/span_views.py cuts).
   `dims`: the encoders' at each prefix size instead of the full vectors'."""
-  from jaxencoder.pretrained.__main__ import convert
+  from jaxencoder.pretrained.convert import convert
   from jaxencoder.pretrained.sentences import embed
   from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
   rows = list(readers.read_records(fetch.fetch("shakespeare_pairs", data_dir) / "test.csv"))

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 from jaxencoder import export, pretrained  # noqa: E402
-from jaxencoder.pretrained.__main__ import named_checkpoint  # noqa: E402
+from jaxencoder.pretrained.named_checkpoints import named_checkpoint  # noqa: E402
 from jaxencoder.pretrained.hf_checkpoint import encoder_params  # noqa: E402
 
 CHECK_SHAPES = ((2, 8), (3, 37))

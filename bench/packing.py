@@ -37,7 +37,6 @@ from jaxencoder.train import steps  # noqa: E402
 from jaxencoder.tasks import registry  # noqa: E402
 from jaxencoder.data import builders, pipeline, sources  # noqa: E402
 from jaxencoder.data.pipeline import Reading
-from jaxencoder.data.__main__ import shakespeare_source  # noqa: E402
 from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path  # noqa: E402
 
 KEYS = ("input_ids", "attention_mask", "token_type_ids", "segment_ids", "positions",
@@ -102,7 +101,7 @@ def main():
                        "seq_len": args.seq_len, "batch": args.batch, "results": rows})
     common.print_table(rows, ["mode", "rows", "fill", "seconds", "real_tokens_per_s"])
     return
-  source = shakespeare_source(args.data_dir)
+  source = builders.shakespeare_source(args.data_dir)
   data = {m: batches(source, tok, m, args.seq_len, args.batch, args.steps + 1)
           for m in ("pad", "pack")}
   cfg = EncoderConfig.preset(args.preset, vocab_size=tok.vocab_size, max_len=args.seq_len)

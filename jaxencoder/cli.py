@@ -134,3 +134,38 @@ def _not_out_of_space(record: logging.LogRecord) -> bool:
   """Drops orbax's logged tracebacks of a full disk: train.py names it in one line."""
   from jaxencoder.io.checkpoint import is_out_of_space
   return not (record.exc_info and is_out_of_space(record.exc_info[1]))
+
+
+# --- argument types and parsing shared by several tools ---------------------------------
+def parse_image_size(text: str) -> tuple[int, int]:
+  """"H,W" or "S" (square) -> (H, W); an argparse type (--image_size, --image-size)."""
+  try:
+    sizes = tuple(int(v) for v in text.replace("x", ",").split(","))
+  except ValueError:
+    sizes = ()
+  if len(sizes) not in (1, 2) or min(sizes) <= 0:
+    raise argparse.ArgumentTypeError(f"{text!r}: expected H,W (e.g. 224,224) or one size")
+  return (sizes * 2)[:2]
+
+
+def parse_with_overrides(parser: argparse.ArgumentParser, argv):
+  """(args, ['key=value', ...]): the parser's flags and the `--config.key=value` overrides;
+  anything else is a usage error."""
+  args, rest = parser.parse_known_args(argv)
+  overrides = []
+  for item in rest:
+    if not item.startswith("--config."):
+      parser.error(f"unrecognised argument {item!r} (overrides look like --config.key=value)")
+    overrides.append(item[len("--config."):])
+  return args, overrides
+
+
+def moved_names(module: str, new_homes: dict[str, str]) -> Callable[[str], Any]:
+  """A module's `__getattr__` for names that moved out of it (`new_homes`: name -> its new
+  dotted path): importing one fails with one line naming where it lives now."""
+  def getattr_(name: str):
+    if name in new_homes:
+      raise ImportError(f"{module}.{name} moved: use {new_homes[name]}")
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+  getattr_.new_homes = new_homes
+  return getattr_

@@ -281,7 +281,7 @@ def test_shape_bytes_reads_tuples_and_layouts():
 @pytest.mark.slow
 def test_bert_base_as_shipped_fits_a_v5e_8_with_splash_in_every_layer():
   """configs/mlm_bert_base.py, unchanged, on 8 v5e chips (the README's TPU claim)."""
-  from jaxencoder.train.__main__ import load_config
+  from jaxencoder.train.config_file import load_config
   config = finalize(ml_collections.ConfigDict(load_config("configs/mlm_bert_base.py").to_dict()))
   with jax.default_matmul_precision("default"):
     report = compile_config(config, parse_target("v5e-8"))
@@ -303,7 +303,7 @@ def test_every_shipped_config_compiles_for_a_v5e_slice_and_fits(name, tmp_path_f
   """Each configs/*.py as shipped (init_from's architecture included), both steps, on 8
   v5e chips, or on one where its batches do not split over 8 (the CPU-sized ones: eval
   batches of 50 and 500; the tool refuses them on 8, as train.py would)."""
-  from jaxencoder.train.__main__ import load_config
+  from jaxencoder.train.config_file import load_config
   config = load_config(f"configs/{name}.py")
   config.data.data_dir = str(tmp_path_factory.mktemp("data"))  # init_from converts here
   config = init_from.finalized(config)

@@ -7,7 +7,7 @@ import pytest
 
 import test_configs as tc
 from jaxencoder.train import datasets as pipelines
-from jaxencoder.train.__main__ import load_config
+from jaxencoder.train.config_file import load_config
 from jaxencoder.train.batch_shapes import batch_shapes
 from jaxencoder.train.config import apply_overrides, finalize
 from jaxencoder.train.loop import peek

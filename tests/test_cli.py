@@ -38,3 +38,23 @@ def test_installed_script_prints_its_usage(script):
   result = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
   assert f"usage: {script}" in result.stdout
+
+
+def moved_names() -> list[tuple[str, str, str]]:
+  """(CLI module, name, new dotted path) of every library name moved out of a CLI module."""
+  modules = sorted({target.split(":")[0] for target in SCRIPTS.values()})
+  return [(module, name, new) for module in modules
+          for name, new in getattr(getattr(importlib.import_module(module), "__getattr__", None),
+                                   "new_homes", {}).items()]
+
+
+def test_library_names_moved_out_of_the_cli_modules_fail_naming_their_new_home():
+  moved = moved_names()
+  assert ("jaxencoder.pretrained.__main__", "convert",
+          "jaxencoder.pretrained.convert.convert") in moved
+  for module, name, new in moved:
+    with pytest.raises(ImportError, match=f"^{module}.{name} moved: use {new}$"):
+      exec(f"from {module} import {name}", {})
+    home, _, new_name = new.rpartition(".")
+    assert hasattr(importlib.import_module(home), new_name), new
+

@@ -105,7 +105,7 @@ def test_a_get_config_that_raises_is_one_line_naming_the_file_line_and_error(
 
 
 def test_a_variant_that_returns_a_dict_is_named_with_its_argument(tmp_path):
-  from jaxencoder.train.__main__ import load_config
+  from jaxencoder.train.config_file import load_config
   config = tmp_path / "variants.py"
   config.write_text("def get_config(arg=''):\n  return dict(arg=arg)\n")
   with pytest.raises(cli.UserError, match=r"^--config .*variants.py: get_config\('cpu'\) "

@@ -15,7 +15,7 @@ import pytest
 import train_helpers as th
 from conftest import fast_first
 from jaxencoder.train import datasets as pipelines, predict
-from jaxencoder.train.__main__ import load_config
+from jaxencoder.train.config_file import load_config
 from jaxencoder.tasks import registry
 from jaxencoder.train.config import apply_overrides, resolved_task
 from jaxencoder.train.loop import train_and_evaluate

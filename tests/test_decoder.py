@@ -18,7 +18,7 @@ from jaxencoder.decoder import Decoder, decoder_config
 from jaxencoder.encoder import ENCODER
 from jaxencoder.tasks import registry
 from jaxencoder.train import predict
-from jaxencoder.train.__main__ import load_config
+from jaxencoder.train.config_file import load_config
 from jaxencoder.train.config import apply_overrides
 from jaxencoder.train.loop import train_and_evaluate
 from jaxencoder.train.metrics import read_metrics
@@ -196,8 +196,9 @@ def test_seq2seq_checkpoint_encoder_loads_into_a_classifier(corpus, seq2seq_run,
 @pytest.mark.slow
 def test_seq2seq_checkpoint_encoder_loads_into_the_probe_cli(seq2seq_run, tmp_path):
   from jaxencoder.probing import __main__ as probe
+  from jaxencoder.probing.load import load_checkpoint
   workdir, _ = seq2seq_run
-  cfg, params, _ = probe.load_checkpoint(str(workdir))
+  cfg, params, _ = load_checkpoint(str(workdir))
   assert cfg.num_layers == 1 and not cfg.causal and "layers_0" in params
   rng = np.random.default_rng(0)
   lines = [" ".join(f"{w}/{'DET' if w in ('the', 'a') else 'X'}"

@@ -315,7 +315,7 @@ def minilm_with_small_tokenizer(minilm, tmp_path):
 
 def test_probing_a_hf_dir_whose_tokenizer_is_another_models_is_refused(
     minilm_with_small_tokenizer):
-  from jaxencoder.probing.__main__ import load_pretrained
+  from jaxencoder.probing.load import load_pretrained
   hf = minilm_with_small_tokenizer
   with pytest.raises(ValueError, match=rf"^tokenizer {hf}: the tokenizer has {len(VOCAB)} tokens "
                                        r"but the checkpoint's embedding table has 30522 rows"):
@@ -339,8 +339,8 @@ def test_embedding_with_a_sentence_dir_whose_tokenizer_is_another_models_is_refu
 @pytest.mark.slow
 def test_a_dir_converted_without_a_tokenizer_says_so_and_is_never_given_minilms(minilm, tmp_path):
   from jaxencoder.io.run_dir import RunDir
-  from jaxencoder.pretrained.__main__ import convert
-  from jaxencoder.probing.__main__ import load_checkpoint
+  from jaxencoder.pretrained.convert import convert
+  from jaxencoder.probing.load import load_checkpoint
   hf = tmp_path / "hf"
   hf.mkdir()
   for name in ("config.json", "model.safetensors"):

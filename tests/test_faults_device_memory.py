@@ -185,7 +185,7 @@ def test_a_train_step_that_does_not_compile_in_memory_is_estimated_from_the_comp
   """XLA:TPU refuses the program at compile time, stating its bytes and the chip's."""
   def refuse(*args):
     raise jax.errors.JaxRuntimeError(TPU_COMPILE)
-  monkeypatch.setattr(parallel, "_compile", refuse)
+  monkeypatch.setattr(parallel, "compile_timed", refuse)
   monkeypatch.delenv("JAXENCODER_TRACEBACK", raising=False)
   code, lines = train(tmp_path / "run", capsys, **corpus)
   assert code == 1 and len(lines) == 1, lines

@@ -21,8 +21,7 @@ from orbax.checkpoint._src.path import async_path
 
 from jaxencoder import cli
 from jaxencoder.io.checkpoint import Checkpointer, OutOfSpace, is_out_of_space
-from jaxencoder.train import __main__ as train_main
-from jaxencoder.train import loop
+from jaxencoder.train import config_file, loop, preflight, stop
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -132,10 +131,10 @@ def test_train_py_reports_the_checkpoint_not_a_later_metrics_flush():
     finally:
       raise OSError(errno.ENOSPC, "No space left on device")  # the TensorBoard writer's close
   except OSError as e:
-    assert train_main.full_disk(e) == str(full)
-  assert train_main.full_disk(OSError(errno.ENOSPC, "No space left on device", "/r/m")) == (
+    assert stop.full_disk(e) == str(full)
+  assert stop.full_disk(OSError(errno.ENOSPC, "No space left on device", "/r/m")) == (
       "out of space: [Errno 28] No space left on device: '/r/m'")
-  assert train_main.full_disk(OSError(errno.EACCES, "Permission denied")) is None
+  assert stop.full_disk(OSError(errno.EACCES, "Permission denied")) is None
 
 
 def test_orbax_tracebacks_of_a_full_disk_are_not_logged():
@@ -156,14 +155,14 @@ def write(path: pathlib.Path, text: str) -> pathlib.Path:
 def test_a_config_file_with_a_syntax_error_names_file_line_and_error(tmp_path):
   config = write(tmp_path / "bad.py", "def get_config():\n  return dict(\n")
   with pytest.raises(cli.UserError) as raised:
-    train_main.load_config(str(config))
+    config_file.load_config(str(config))
   assert str(raised.value) == f"--config {config}:2: '(' was never closed"
 
 
 def test_a_config_file_that_fails_when_run_names_its_line(tmp_path):
   config = write(tmp_path / "typo.py", "X = 1\n\ndef get_config():\n  return steps * X\n")
   with pytest.raises(cli.UserError) as raised:
-    train_main.load_config(str(config))
+    config_file.load_config(str(config))
   assert str(raised.value) == (f"--config {config}:4: NameError: name 'steps' is not "
                                "defined")
 
@@ -171,25 +170,25 @@ def test_a_config_file_that_fails_when_run_names_its_line(tmp_path):
 def test_a_workdir_that_is_a_file_is_refused(tmp_path):
   workdir = write(tmp_path / "run", "")
   with pytest.raises(cli.UserError) as raised:
-    train_main.check_writable_workdir(str(workdir))
+    preflight.check_writable_workdir(str(workdir))
   assert str(raised.value) == (f"--workdir {workdir}: is a file, not a directory; pass a "
                                "directory (a new one is created)")
   with pytest.raises(cli.UserError, match=f"{workdir} is a file, not a directory$"):
-    train_main.check_writable_workdir(str(workdir / "sub"))
+    preflight.check_writable_workdir(str(workdir / "sub"))
 
 
 def test_a_workdir_that_cannot_be_written_is_refused_by_name(tmp_path, monkeypatch):
   def read_only(*args, **kwargs):
     raise OSError(errno.EROFS, "Read-only file system")
-  monkeypatch.setattr(train_main.tempfile, "TemporaryFile", read_only)
+  monkeypatch.setattr(preflight.tempfile, "TemporaryFile", read_only)
   with pytest.raises(cli.UserError) as raised:
-    train_main.check_writable_workdir(str(tmp_path))
+    preflight.check_writable_workdir(str(tmp_path))
   assert str(raised.value) == (f"--workdir {tmp_path}: {tmp_path} is not writable (Read-only "
                                "file system); pass a writable directory or fix its permissions")
 
 
 def test_a_new_workdir_is_created_and_passes(tmp_path):
-  train_main.check_writable_workdir(str(tmp_path / "a" / "b"))
+  preflight.check_writable_workdir(str(tmp_path / "a" / "b"))
   assert (tmp_path / "a" / "b").is_dir() and not any((tmp_path / "a" / "b").iterdir())
 
 
@@ -215,7 +214,7 @@ def test_folders_a_failed_command_made_are_removed_only_while_empty(tmp_path):
 def test_a_file_named_checkpoints_in_the_workdir_is_refused(tmp_path):
   write(tmp_path / "checkpoints", "")
   with pytest.raises(cli.UserError, match=f"{tmp_path / 'checkpoints'} is a file, not a dir"):
-    train_main.check_writable_workdir(str(tmp_path))
+    preflight.check_writable_workdir(str(tmp_path))
 
 
 def test_a_truncated_safetensors_file_is_named(tmp_path):

@@ -19,6 +19,7 @@ from jaxencoder.io.checkpoint import ParamsMismatch
 from jaxencoder.io.run_dir import RunDir, UnrestorableStep
 from jaxencoder.pretrained import __main__ as convert_cli
 from jaxencoder.probing import __main__ as probe_cli
+from jaxencoder.probing.load import load_checkpoint
 from jaxencoder.restore_targets import encoder_params, stored_encoder
 from test_faults import DAMAGE
 
@@ -120,7 +121,7 @@ def test_probe_falls_back_past_a_damaged_newest_step(intact_run, step_2_encoder,
   assert f"wrote {tmp_path / 'probe' / 'report.json'}" in capsys.readouterr().out
   assert_one_warning_naming_steps_4_and_2(caplog, run)
   caplog.clear()
-  assert_trees_equal(jax.device_get(probe_cli.load_checkpoint(run)[1]), step_2_encoder)
+  assert_trees_equal(jax.device_get(load_checkpoint(run)[1]), step_2_encoder)
   assert_one_warning_naming_steps_4_and_2(caplog, run)
 
 

@@ -14,7 +14,8 @@ from jaxencoder import Encoder, lora
 from jaxencoder.config import block_kernels
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.layers import dense
-from jaxencoder.pretrained.__main__ import convert, read_adapters
+from jaxencoder.pretrained.adapters_file import read_adapters
+from jaxencoder.pretrained.convert import convert
 from jaxencoder.restore_targets import encoder_params
 from jaxencoder.stack_layout import loop_to_scan
 from jaxencoder.train.init_from import restore_base

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from jaxencoder.train.__main__ import load_config
+from jaxencoder.train.config_file import load_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 20

@@ -1,5 +1,7 @@
-"""The package's layers: imports point one way, and `import jaxencoder` stays light."""
+"""The package's layers: imports point one way, nothing imports a command-line module,
+and `import jaxencoder` stays light."""
 
+import ast
 import pathlib
 import subprocess
 import sys
@@ -81,6 +83,51 @@ def test_the_check_catches_a_wrong_arrow():
   assert wrong_arrows(graph) == ["jaxencoder.data.pipeline -> jaxencoder.heads",
                                  "jaxencoder.encoder -> jaxencoder.train.loop",
                                  "jaxencoder.train.loop -> jaxencoder.probing.features"]
+
+
+# Python files that may import a CLI module (`X.__main__`): the entry points that run one.
+ENTRY_POINTS = ("train.py",)  # python train.py: jaxencoder.train.__main__'s main
+
+
+def cli_modules_imported(path: pathlib.Path) -> set[str]:
+  """The `__main__` modules a file imports (`from a.__main__ import b`, `from a import
+  __main__`, `import a.__main__`)."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names if a.name.endswith(".__main__")}
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      if node.module.endswith(".__main__"):
+        found.add(node.module)
+      found |= {f"{node.module}.__main__" for a in node.names if a.name == "__main__"}
+  return found
+
+
+def imports_of_cli_modules(root: pathlib.Path) -> list[str]:
+  """'file -> module' for each import of a CLI module outside tests/ and ENTRY_POINTS: a
+  CLI module parses arguments and calls the library; the library lives elsewhere."""
+  files = [*root.glob("*.py"), *(f for folder in ("jaxencoder", "bench", "tools", "configs")
+                                 for f in (root / folder).rglob("*.py"))]
+  return sorted(f"{f.relative_to(root)} -> {module}" for f in files
+                if f.name not in ENTRY_POINTS or f.parent != root
+                for module in cli_modules_imported(f))
+
+
+def test_no_module_imports_a_cli_module():
+  assert imports_of_cli_modules(REPO) == []
+
+
+def test_the_check_catches_an_import_of_a_cli_module(tmp_path):
+  (tmp_path / "jaxencoder" / "train").mkdir(parents=True)
+  (tmp_path / "jaxencoder" / "train" / "init_from.py").write_text(
+      "from jaxencoder.pretrained.__main__ import convert\n")
+  (tmp_path / "bench").mkdir()
+  (tmp_path / "bench" / "b.py").write_text(
+      "def f():\n  from jaxencoder.probing import __main__ as probe\n")
+  (tmp_path / "train.py").write_text("from jaxencoder.train.__main__ import main\n")
+  assert imports_of_cli_modules(tmp_path) == [
+      "bench/b.py -> jaxencoder.probing.__main__",
+      "jaxencoder/train/init_from.py -> jaxencoder.pretrained.__main__"]
 
 
 @pytest.mark.parametrize("module,folder", [

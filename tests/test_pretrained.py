@@ -24,7 +24,7 @@ from jaxencoder.io.checkpoint import restore_params_only
 from jaxencoder.pooling import mean_pool
 from jaxencoder.pretrained import embed, load, save
 from jaxencoder.io import run_dir
-from jaxencoder.pretrained.__main__ import convert
+from jaxencoder.pretrained.convert import convert
 from jaxencoder.pretrained.sentences import (SentenceConfig, length_buckets,
                                              sentence_transformers_config)
 from jaxencoder.tokenizer import default_tokenizer_path

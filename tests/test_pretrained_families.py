@@ -24,7 +24,7 @@ from data_helpers import VOCAB, WORDS, tiny_tokenizer
 from jaxencoder import Encoder, EncoderForMaskedLM
 from jaxencoder.electra import Electra
 from jaxencoder.pretrained import encoder_params, load, save
-from jaxencoder.pretrained.__main__ import convert
+from jaxencoder.pretrained.convert import convert
 from jaxencoder.pretrained.hf_checkpoint import family_module
 from jaxencoder.tokenizer import Tokenizer
 

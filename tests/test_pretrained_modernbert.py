@@ -385,7 +385,7 @@ def test_live_configs_modernbert_base_cpu_run_converts_to_transformers_with_its_
   torch, transformers = torch_transformers
   import train_helpers as th
   from jaxencoder.pretrained.__main__ import main as convert_main
-  from jaxencoder.train.__main__ import load_config
+  from jaxencoder.train.config_file import load_config
   from jaxencoder.train.config import apply_overrides, encoder_config
   from jaxencoder.train.loop import train_and_evaluate
   config = load_config(str(pathlib.Path(__file__).parents[1] / "configs" /
@@ -420,8 +420,8 @@ def test_configs_modernbert_tiny_trains_without_token_types_and_exports(tmp_path
   token_type_ids) trains from train.py's loop, and the run converts to a ModernBERT
   directory whose weights are the run's."""
   import train_helpers as th
-  from jaxencoder.pretrained.__main__ import convert
-  from jaxencoder.train.__main__ import load_config
+  from jaxencoder.pretrained.convert import convert
+  from jaxencoder.train.config_file import load_config
   from jaxencoder.train.loop import train_and_evaluate
   config = load_config(str(pathlib.Path(__file__).parents[1] / "configs" / "modernbert_tiny.py"))
   tiny = th.tiny_config(tmp_path, th.text_corpus(tmp_path), th.write_vocab(tmp_path))

@@ -287,9 +287,10 @@ def test_the_installed_command_exits_zero_after_a_study(monkeypatch):
   from importlib import metadata
 
   from jaxencoder.probing import __main__ as probe
+  from jaxencoder.probing import command as study_command
   command, = [e for e in metadata.entry_points(group="console_scripts")
               if e.name == "jaxencoder-probe"]
-  monkeypatch.setattr(probe, "probe", lambda args: {"report": "of the study"})
+  monkeypatch.setattr(study_command, "probe", lambda args: {"report": "of the study"})
   monkeypatch.setattr("sys.argv", ["jaxencoder-probe", "--pretrained", "hf", "--data", "d.txt",
                                    "--out", "out"])
   assert probe.main() == {"report": "of the study"}

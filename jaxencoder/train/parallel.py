@@ -20,7 +20,7 @@ from jaxencoder.train import steps
 from jaxencoder.train.metrics import matmul_flops
 
 
-def _compile(fn, *args):
+def compile_timed(fn, *args):
   """(compiled fn, seconds to trace and lower, seconds in all, matmul FLOPs of one call)."""
   started = time.perf_counter()
   traced = fn.trace(*args) if hasattr(fn, "trace") else None  # pmap: lower only
@@ -40,7 +40,7 @@ class JitStepper:
     jitted = steps.jit_train_step(task, tx, base_rng, shardings, mesh,
                                   micro_batches=micro_batches, trainable=trainable)
     with steps.mesh_context(mesh, rules):
-      self._step, self.trace_seconds, self.compile_seconds, self.flops = _compile(
+      self._step, self.trace_seconds, self.compile_seconds, self.flops = compile_timed(
           jitted, state, self.put(host_batch))
     self.state = state
 
@@ -77,7 +77,7 @@ class PmapStepper:
     self._rngs = jax.vmap(lambda i: jax.random.fold_in(base_rng, i))(jnp.arange(self.devices))
     replicas = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct((self.devices,) + x.shape, x.dtype), state)
-    self._step, self.trace_seconds, self.compile_seconds, _ = _compile(
+    self._step, self.trace_seconds, self.compile_seconds, _ = compile_timed(
         jax.pmap(step, axis_name=self.AXIS, donate_argnums=0), replicas,
         self.put(host_batch), self._rngs)
     host = jax.device_get(state)

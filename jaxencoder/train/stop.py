@@ -11,6 +11,9 @@ with one line and exit code 130 (`EXIT_INTERRUPTED`): a save in flight is abando
 With several processes every one must stop at the same step: JAX's preemption
 service (started by jax.distributed) catches SIGTERM on any host and agrees on a
 step, which `should_stop(step)` reports on all of them.
+
+A disk that fills up during a save ends train.py with EXIT_PREEMPTED too, after one line
+naming it (`full_disk`): rerun once there is space.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import sys
 
 import jax
 from jax.experimental import multihost_utils
+
+from jaxencoder.io.checkpoint import OutOfSpace, is_out_of_space
 
 EXIT_PREEMPTED = 75
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -93,3 +98,15 @@ def interrupt_now() -> None:
   os.write(2, b"SIGINT again: stopped at once without saving; rerun the same command to "
               b"resume from the last checkpoint\n")
   os._exit(EXIT_INTERRUPTED)
+
+
+def full_disk(error: OSError) -> str | None:
+  """The line that names a full disk: OutOfSpace's (a checkpoint; also when closing the
+  metrics writers failed after it), else the OSError's; None if the disk is not full.
+  train.py prints it and exits EXIT_PREEMPTED: the run resumes once there is space."""
+  cause = error
+  while cause is not None:
+    if isinstance(cause, OutOfSpace):
+      return str(cause)
+    cause = cause.__cause__ or cause.__context__
+  return f"out of space: {error}" if is_out_of_space(error) else None

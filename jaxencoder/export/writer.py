@@ -1,0 +1,114 @@
+"""An export directory (`jaxencoder-export`'s DIR): the model read from a run directory or
+a Hugging Face directory, exported as StableHLO or ONNX, checked against JAX on a padded
+batch, described in export.json, with its tokenizer file beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import time
+from collections.abc import Sequence
+
+from jaxencoder import cli, export
+from jaxencoder import pretrained as hf
+from jaxencoder.export import CHECK_SHAPE, FILES, PLATFORMS, SPEC, Servable
+from jaxencoder.heads import EncoderClassifier
+from jaxencoder.io import outputs
+from jaxencoder.io.run_dir import RunDir
+from jaxencoder.pretrained.hf_checkpoint import encoder_params
+from jaxencoder.restore_targets import stored_encoder
+from jaxencoder.tasks import registry
+from jaxencoder.tokenizer import resolve_file, run_tokenizer
+from jaxencoder.train import predict
+
+TOOL = "jaxencoder-export"  # named in the marker of what it writes (io.outputs)
+
+
+def write(out, fmt: str = "stablehlo", *, run: str | None = None,
+          pretrained: str | None = None, platforms: Sequence[str] = PLATFORMS,
+          check: bool = True, overwrite: bool = False) -> str:
+  """Writes DIR `out` from `run` (a run directory) or `pretrained` (a Hugging Face
+  directory); returns a one-line summary. `platforms`: StableHLO's; `check`: run the
+  export against JAX on a padded batch; `overwrite`: replace a DIR this tool wrote."""
+  if fmt not in FILES:
+    raise cli.UserError(cli.unknown("format", fmt, FILES, f"formats: {', '.join(FILES)}"))
+  if bool(run) == bool(pretrained):
+    raise cli.UserError("give one of --run RUN_DIR or --pretrained HF_DIR")
+  out = pathlib.Path(out)
+  outputs.check_apart(("--out", out), _inputs(run, pretrained))
+  outputs.check_replaceable("--out", out, TOOL, overwrite)
+  s, tokenizer = read_model(run, pretrained)
+  out.mkdir(parents=True, exist_ok=True)
+  for stale in out.glob("model.*"):  # --overwrite: no weights of another export stay
+    stale.unlink()
+  start = time.perf_counter()
+  if fmt == "onnx":
+    export.export_onnx(s, out / FILES[fmt])
+  else:
+    export.export_stablehlo(s, out / FILES[fmt], tuple(platforms))
+  seconds = time.perf_counter() - start
+  extra = {"export_seconds": round(seconds, 2), "tokenizer": None}
+  if fmt == "stablehlo":
+    extra["platforms"] = list(platforms)
+  if tokenizer:
+    shutil.copy(tokenizer, out / pathlib.Path(tokenizer).name)
+    extra["tokenizer"] = pathlib.Path(tokenizer).name
+  note = ""
+  if check:
+    diffs = export.check(s, fmt, out / FILES[fmt])
+    extra["check"] = {"shape": list(CHECK_SHAPE), "max_abs_diff": diffs}
+    note = f"; max |diff| vs JAX on a padded {CHECK_SHAPE} batch: {max(diffs.values()):.1e}"
+  (out / SPEC).write_text(json.dumps(export.describe(s, fmt, **extra), indent=2) + "\n")
+  outputs.mark(out, TOOL)
+  size = sum(f.stat().st_size for f in out.glob("model.*")) / 2**20
+  return (f"wrote {out / FILES[fmt]} ({size:.1f} MiB, {seconds:.1f} s; inputs "
+          f"{', '.join(s.inputs)} [B, L] int32 -> {', '.join(s.outputs)}){note}")
+
+
+def _inputs(run: str | None, pretrained: str | None) -> list[outputs.Labelled]:
+  """What the export reads: the --pretrained directory, or the --run and its tokenizer."""
+  if pretrained:
+    return [("--pretrained", pretrained)]
+  return outputs.run_inputs("--run", RunDir.open(run))
+
+
+def read_model(run: str | None, pretrained: str | None) -> tuple[Servable, str | None]:
+  """(Servable, tokenizer file or None) of a run directory or a Hugging Face directory."""
+  if pretrained:
+    if not pathlib.Path(pretrained, "config.json").exists():
+      raise FileNotFoundError(f"--pretrained {pretrained}: no config.json there (a Hugging "
+                              "Face encoder directory)")
+    cfg, params, _ = hf.load(pretrained)
+    return (export.servable(cfg, encoder_params(params), source={"pretrained": pretrained}),
+            tokenizer_file(pretrained))
+  run_dir = RunDir.open(run)  # the newest step that restores (a damaged one: a warning)
+  step, encoder = run_dir.newest_restorable(lambda s: stored_encoder(run_dir, step=s))
+  config, cfg = run_dir.read_config(step), run_dir.model_config(step)
+  source = {"run": run, "step": step, "task": config.get("task")}
+  if classifier_task(config, cfg):
+    p = predict.load(run, step)  # with its head (the encoder is read again)
+    return (export.servable(p.cfg, p.params, head=p.model, source=source, labels=p.label_names),
+            tokenizer_file(run_tokenizer(run_dir)))
+  # As jaxencoder-convert: a converted directory without tokenizer files gets none.
+  has_tokenizer = run_dir.tokenizer_path() or "data" in config
+  tokenizer = tokenizer_file(run_tokenizer(run_dir)) if has_tokenizer else None
+  return export.servable(cfg, encoder, source=source), tokenizer
+
+
+def tokenizer_file(path) -> str | None:
+  """The tokenizer file at `path` (the file, or the one a directory holds, as the
+  Tokenizer reads it); None if there is none."""
+  try:
+    return str(resolve_file(path))
+  except FileNotFoundError:
+    return None
+
+
+def classifier_task(config: dict, cfg) -> bool:
+  """Whether a run trained an EncoderClassifier (its head's logits are exported)."""
+  if "task" not in config or cfg.input_kind != "text":
+    return False
+  task = registry.task_from_config(config, cfg, num_classes=config.get("num_classes", 2))
+  return isinstance(task.model, EncoderClassifier)
