@@ -41,6 +41,7 @@ def test_a_second_sigint_from_train_py_exits_130_with_one_line(monkeypatch, capf
 
 
 def test_a_second_sigint_in_python_raises_keyboard_interrupt(monkeypatch):
+  monkeypatch.setattr(stop, "exit_on_second_interrupt", False)  # as in a notebook
   monkeypatch.setattr(stop.os, "_exit", fake_exit)  # a notebook must survive it
   with StopSignals(), pytest.raises(KeyboardInterrupt):
     os.kill(os.getpid(), signal.SIGINT)

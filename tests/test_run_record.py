@@ -205,8 +205,10 @@ def get_config():
 '''
 
 
-def test_train_py_refuses_changed_data_in_one_line_with_exit_2(here, capsys):
+def test_train_py_refuses_changed_data_in_one_line_with_exit_2(here, capsys, monkeypatch):
+  from jaxencoder.train import stop
   from jaxencoder.train.__main__ import main as train_main
+  monkeypatch.setattr(stop, "exit_on_second_interrupt", stop.exit_on_second_interrupt)
   pathlib.Path("cfg.py").write_text(CONFIG_FILE.format(tests=str(pathlib.Path(__file__).parent)))
   reprepare(lambda text: text + "cat dog,yes\n")
   before = snapshot(here / RUN)
