@@ -127,6 +127,30 @@ def test_a_run_saved_before_a_setting_existed_resumes_at_its_default():
   assert config_changes(saved, config)[1] == [f"model.num_layers: 7 -> {config.model.num_layers}"]
 
 
+# The data section a run saved before the data kinds owned their keys (issue 43): every
+# kind's keys flat, as base_config held them.
+FLAT_DATA = {
+    "kind": "text_corpus", "source": "shakespeare", "data_dir": "data", "tokenizer": "",
+    "seq_len": 128, "packing": "pad", "mask_rate": 0.15, "mask_rate_schedule": [],
+    "whole_word": False, "views": "dropout", "min_words": 3, "max_words": 10, "sources": "",
+    "eval_split": "", "holdout_every": 20, "test_split": "", "random_flip": False,
+    "random_shift": 0, "random_scale": 0.0, "num_threads": -1, "workers": -1,
+    "tokenize_once": True, "allow_changed_data": False}
+
+
+def test_a_run_saved_with_every_kinds_data_keys_flat_resumes_unchanged():
+  """The data kinds' options (jaxencoder/data/kinds/) merge into config.data under their
+  old spelling: a run saved with them flat compares equal; a changed one still shows."""
+  from jaxencoder.io.checkpoint import to_json
+  from jaxencoder.train.config import base_config, finalize
+  from jaxencoder.train.resume import config_changes
+  config = finalize(base_config())
+  saved = {**to_json(config), "data": dict(FLAT_DATA)}
+  assert config_changes(saved, config) == ([], [])
+  saved["data"]["random_flip"] = True
+  assert config_changes(saved, config)[1] == ["data.random_flip: True -> False"]
+
+
 @pytest.mark.parametrize("batch, accum, structural", [
     (16, 2, False), (8, 4, False), (4, 8, False), (16, 1, True), (8, 2, True)])
 def test_a_resume_may_split_a_steps_rows_another_way_but_not_change_them(batch, accum,

@@ -14,6 +14,7 @@ import pytest
 
 import train_helpers as th
 from conftest import fast_first
+from jaxencoder.data import kinds
 from jaxencoder.train import datasets as pipelines, predict
 from jaxencoder.train.config_file import load_config
 from jaxencoder.tasks import registry
@@ -77,7 +78,7 @@ def test_config_runs_its_docstring_command_with_tiny_overrides(tmp_path, name):
 def check_predict(config, run) -> None:
   """What jaxencoder-predict makes of a text run, by task."""
   task = resolved_task(config)
-  if config.data.kind not in pipelines.TEXT_KINDS:
+  if not kinds.kind_of(config.data.kind).text:
     return
   lines = ["the cat sat on the mat", "a dog ran"]
   predicts = registry.family_of(task).predicts.get(task)

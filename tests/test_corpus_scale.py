@@ -319,7 +319,7 @@ def test_mlm_batches_read_from_gcs_equal_the_local_ones(on_gcs):
 
 # ------------------------------------------------------------------ held-out views
 def test_holdout_views_pick_the_records_of_the_old_index_arrays():
-  from jaxencoder.train.datasets import Holdout
+  from jaxencoder.data.splits import Holdout
   for n in range(1, 41):
     source = [f"r{i}" for i in range(n)]
     idx = np.arange(n)
@@ -334,7 +334,7 @@ def test_holdout_views_pick_the_records_of_the_old_index_arrays():
 
 @pytest.mark.parametrize("held_out", [False, True])
 def test_stored_ids_of_a_holdout_view_are_its_records_ids(sharded, held_out):
-  from jaxencoder.train.datasets import Holdout
+  from jaxencoder.data.splits import Holdout
   _, source = sharded
   tok = tiny_tokenizer()
   view = Holdout(source, 7, held_out)

@@ -194,9 +194,9 @@ def dataset_files(data_dir) -> dict:
 
 
 def training_prepares(data_dir, vocab, caplog) -> str:
-  """What `make train` logs preparing shakespeare (train/datasets.resolve_source)."""
+  """What `make train` logs preparing shakespeare (data/splits.resolve_source)."""
   import ml_collections
-  from jaxencoder.train.datasets import resolve_source
+  from jaxencoder.data.splits import resolve_source
   caplog.clear()
   with caplog.at_level("INFO", logger="jaxencoder"):
     resolve_source(ml_collections.ConfigDict(dict(source="shakespeare", data_dir=str(data_dir))),

@@ -8,7 +8,7 @@ import pytest
 
 from jaxencoder.data import builders, sources
 from jaxencoder.data.readers import DataError
-from jaxencoder.train.datasets import Holdout, open_splits
+from jaxencoder.data.splits import Holdout, open_splits
 
 FETCHABLE = ("shakespeare, fashion_mnist, wsj_pos, fine_foods, austen, shakespeare_span, "
              "shakespeare_multilabel, shakespeare_regression, shakespeare_choice, "

@@ -15,7 +15,7 @@ from jaxencoder.data.pipeline import Reading
 from jaxencoder.embeddings import Embeddings
 from jaxencoder.data.readers import DataError
 from jaxencoder.pretrained import vit
-from jaxencoder.train.datasets import check_model_fits
+from jaxencoder.data.splits import check_model_fits
 
 
 def _stem_vit(**overrides) -> EncoderConfig:

@@ -12,8 +12,8 @@ from data_helpers import VOCAB, WORDS, tiny_tokenizer
 from jaxencoder.data import builders, mlm, pipeline, sources, token_ids
 from jaxencoder.data.pipeline import Reading
 from jaxencoder.data.readers import DataError
+from jaxencoder.data.splits import Subset
 from jaxencoder.tokenizer import Tokenizer
-from jaxencoder.train.datasets import Subset
 from jaxencoder.train.prefetch import DevicePrefetch
 
 SPEC = mlm.MaskSpec(vocab_size=len(VOCAB), mask_id=4, special_ids=(0, 1, 2, 3, 4))

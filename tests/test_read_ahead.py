@@ -220,15 +220,15 @@ def _split(data_dir: str):
 
 
 def test_num_threads_reads_ahead_by_default_from_an_object_store_only():
-  from jaxencoder.train import datasets
+  from jaxencoder.data import splits
   far, near = _split("gs://b/tfds/c/1.0.0"), _split("/data/tfds/c/1.0.0")
   view = types.SimpleNamespace(source=far)  # a held-out view of the split
   mixed = types.SimpleNamespace(members=[near, view])
-  assert datasets.num_threads(_config(-1), far) == datasets.READ_AHEAD_THREADS > 0
-  assert datasets.num_threads(_config(-1), view) == datasets.READ_AHEAD_THREADS
-  assert datasets.num_threads(_config(-1), mixed) == datasets.READ_AHEAD_THREADS
-  assert datasets.num_threads(_config(-1), near) == 0
-  assert datasets.num_threads(_config(2), near) == 2
-  assert datasets.num_threads(_config(0), far) == 0
+  assert splits.num_threads(_config(-1), far) == splits.READ_AHEAD_THREADS > 0
+  assert splits.num_threads(_config(-1), view) == splits.READ_AHEAD_THREADS
+  assert splits.num_threads(_config(-1), mixed) == splits.READ_AHEAD_THREADS
+  assert splits.num_threads(_config(-1), near) == 0
+  assert splits.num_threads(_config(2), near) == 2
+  assert splits.num_threads(_config(0), far) == 0
   with pytest.raises(ValueError, match=r"data.num_threads=-2: give 0 or more threads, or -1"):
-    datasets.num_threads(_config(-2), far)
+    splits.num_threads(_config(-2), far)

@@ -13,7 +13,7 @@ from jaxencoder.data import fetch as fetch_lib
 from jaxencoder.data.pipeline import Reading
 from jaxencoder.data import pipeline, sources
 from jaxencoder.data.readers import DataError
-from jaxencoder.train.datasets import resolve_source
+from jaxencoder.data.splits import resolve_source
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HEAD = "@problemName Tiny\n@univariate false\n@classLabel true up down\n@data\n"

@@ -50,7 +50,7 @@ def _stats(args):
   print(f"dataset: {args.dataset}   tokenizer: {tok_path}   seq_len: {args.seq_len}   "
         f"batch_size: {args.batch_size}")
   info = source.dataset_info  # one of ours: every split's counts, labels and lengths
-  if getattr(info, "name", None) in kinds.KINDS:
+  if getattr(info, "name", None) in kinds.names():
     print("\n".join(stats.report(info.data_dir, info.name, tok)))
   print(f"split {args.split}:")
   print(stats.format_stats(result, args.seq_len))
@@ -78,7 +78,7 @@ def _prepare(args):
 def _prepare_parser(sub):
   p = sub.add_parser("prepare", help="write an array_record dataset under DATA_DIR/tfds "
                      "(reused while its sources are unchanged)")
-  p.add_argument("kind", help=", ".join(kinds.KINDS))
+  p.add_argument("kind", help=", ".join(kinds.names()))
   p.add_argument("--source", required=True, help="a file, a directory (or bucket prefix) of "
                  "them, a glob of file names in one (gs://b/corpus/*.txt), or for text_corpus "
                  "a prepared tfds dataset: its directory or tfds:NAME (with --text-feature)")

@@ -37,15 +37,14 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from jaxencoder.data import readers, shakespeare_tasks, sources, token_ids
-from jaxencoder.data.kinds import KINDS, TEXT_KINDS  # noqa: F401 (re-exported)
+from jaxencoder.data import kinds, readers, shakespeare_tasks, sources, token_ids
 from jaxencoder.data.source_config import DESCRIPTION, SourceConfig
 from jaxencoder.io import paths
 
 log = logging.getLogger("jaxencoder")
 
 VERSION = "1.0.0"
-# how examples are keyed (see _Builder._key; text_corpus: in the order generated)
+# how examples are keyed (see KindBuilder._key; text_corpus: in the order generated)
 KEYS = "relative to the source; text_corpus in order"
 FINGERPRINT = "fingerprint.json"  # beside dataset_info.json: what the dataset was built from
 NEW = "not prepared yet"  # `stale`'s reason when there is no dataset at all
@@ -102,8 +101,9 @@ def check_train_has_all(firsts: dict[str, dict]) -> None:
           "examples of it or drop it from that split")
 
 
-class _Builder(tfds.core.GeneratorBasedBuilder):
-  """Shared plumbing: one split per file group, examples keyed by origin."""
+class KindBuilder(tfds.core.GeneratorBasedBuilder):
+  """Shared plumbing of every data kind's builder (a plug-in kind's too): one split per
+  file group, examples keyed by origin."""
   VERSION = tfds.core.Version(VERSION)
   SUFFIXES: tuple[str, ...] = ()
 
@@ -145,7 +145,7 @@ class _Builder(tfds.core.GeneratorBasedBuilder):
                                  disable_shuffling=in_order)
 
 
-class TextCorpus(_Builder):
+class TextCorpus(KindBuilder):
   """Documents (paragraphs by default) from a directory (or bucket prefix) of text files,
   or the texts of a prepared tfds dataset (`text_feature`; its splits kept).
 
@@ -224,7 +224,7 @@ def tfds_files(builder) -> list[epath.Path]:
   return [root / name for name in paths.files_under(root)]
 
 
-class TextClassification(_Builder):
+class TextClassification(KindBuilder):
   SUFFIXES = (".csv", ".tsv")
 
   @classmethod
@@ -251,7 +251,7 @@ class TextClassification(_Builder):
         yield self._key(f"{f}:{no}"), {k: v for k, v in row.items() if k != "origin"}
 
 
-class TaggedTokens(_Builder):
+class TaggedTokens(KindBuilder):
   SUFFIXES = (".txt", ".conllu")
 
   @classmethod
@@ -296,7 +296,7 @@ _RECORD_FEATURES = {"target": (_finite, np.float32), "label": (_integer, np.int6
                     "answer_start": (_integer, np.int64)}
 
 
-class TextRecords(_Builder):
+class TextRecords(KindBuilder):
   """CSV / TSV rows with a header (the same in every file): one feature per column.
 
   By name: `labels` '|'-separated label names → label ids (multi-label; the label set
@@ -367,7 +367,7 @@ def _record(row: dict, label_names) -> dict:
   return out
 
 
-class ImageArrays(_Builder):
+class ImageArrays(KindBuilder):
   """Images + integer labels from idx(.gz) pairs (MNIST / Fashion-MNIST) or .npz."""
   SUFFIXES = readers.IMAGE_SUFFIXES
 
@@ -399,7 +399,7 @@ class ImageArrays(_Builder):
       yield i, {"image": x, "label": int(y)}
 
 
-class TimeSeries(_Builder):
+class TimeSeries(KindBuilder):
   """UCR/UEA `.ts` files; the label set comes from the `@classLabel true ...` header."""
   SUFFIXES = (".ts",)
 
@@ -431,9 +431,6 @@ class TimeSeries(_Builder):
         yield self._key(ex["origin"]), ex
 
 
-BUILDERS = {name: globals()[kind.builder] for name, kind in KINDS.items()}  # kinds.py's table
-
-
 def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bool = False,
             processes: int | None = None, **options) -> epath.Path:
   """Parses `source` with builder `kind` into `data_dir/kind/name/1.0.0` (array_record).
@@ -447,8 +444,8 @@ def prepare(kind: str, source, data_dir, *, name: str = "default", overwrite: bo
   dataset_info.json last (it marks the dataset complete). `processes`: how many
   tokenise the token ids (default: the cores, for a large corpus; token_ids.write).
   """
-  if kind not in BUILDERS:
-    raise ValueError(f"unknown kind {kind!r}; choose from {sorted(BUILDERS)}")
+  if kind not in kinds.names():
+    raise ValueError(f"unknown kind {kind!r}; choose from {sorted(kinds.names())}")
   check_name(name)
   if options.get("tokenizer") and kind != "text_corpus":
     raise ValueError(f"tokenizer: token ids are stored for text_corpus, not {kind}")
@@ -525,7 +522,7 @@ def fingerprint(kind: str, config: SourceConfig) -> dict:
   """What a dataset is built from: builder, options, and each input file's sha256."""
   stamp = {"kind": kind, "version": VERSION, "keys": KEYS, "options": config.options(),
            "files": {relative_to(f, config.source, fallback=epath.Path(f).name): _sha256(f)
-                     for f in BUILDERS[kind].inputs(config)}}
+                     for f in kinds.kind_of(kind).builder_class().inputs(config)}}
   if config.tokenizer:
     stamp["tokenizer"] = {"path": str(config.tokenizer),
                           "sha256": token_ids.tokenizer_digest(load_tokenizer(config.tokenizer))}
@@ -620,7 +617,8 @@ def _replace(out: epath.Path, built: epath.Path, trash: pathlib.Path,
 
 def _build(kind: str, config: SourceConfig, data_dir) -> epath.Path:
   with _quiet_tfds(), _bounded_tfds_writer():
-    builder = BUILDERS[kind](data_dir=str(data_dir), config=config, file_format="array_record")
+    builder = kinds.kind_of(kind).builder_class()(data_dir=str(data_dir), config=config,
+                                                  file_format="array_record")
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   return paths.as_path(builder.data_dir)

@@ -208,6 +208,15 @@ def check_ids(ds: grain.IterDataset, limits: dict[str, tuple[int, str]],
   return ds.map(check)
 
 
+def id_limits(model_cfg) -> dict[str, tuple[int, str]]:
+  """What `check_ids` holds text batches to: the model's embedding tables."""
+  vocab = (model_cfg.vocab_size, "model.vocab_size")
+  limits = {key: vocab for key in ("input_ids", "mlm_labels", "decoder_input_ids", "target_ids")}
+  if model_cfg.type_vocab_size:
+    limits["token_type_ids"] = (model_cfg.type_vocab_size, "model.type_vocab_size")
+  return limits
+
+
 def default_mask(tokenizer, **fields) -> mlm_lib.MaskSpec:
   """BERT's 15% / 80-10-10 over the tokenizer's vocab; `fields` override MaskSpec's."""
   return mlm_lib.MaskSpec(tokenizer.vocab_size, tokenizer.mask_id,

@@ -119,7 +119,7 @@ def prepared(data_dir) -> list[str]:
   """`kind/name` of every dataset prepared under `data_dir` (a tfds data dir)."""
   from jaxencoder.data import kinds
   root, found = as_path(data_dir), []
-  for kind in kinds.KINDS:
+  for kind in kinds.names():
     if (root / kind).is_dir():
       found += [f"{kind}/{p.name}" for p in sorted((root / kind).iterdir())
                 if _versioned_dir(p) is not None or _ids_only_dir(p) is not None]

@@ -84,7 +84,7 @@ def report(path, kind: str, tokenizer=None) -> list[str]:
   else:
     info = sources.open_builder(str(path)).info
     splits, features = list(info.splits), info.features
-  label = kinds.KINDS[kind].label_feature
+  label = kinds.kind_of(kind).label_feature
   names = _class_names(features[label]) if label in features else None
   lines = []
   for split in splits:
@@ -93,7 +93,7 @@ def report(path, kind: str, tokenizer=None) -> list[str]:
     parts = [f"{len(source):,} example{'s' * (len(source) != 1)}"]
     if names is not None:
       parts.append("labels: " + _label_counts(source, pick, label, names))
-    if kinds.KINDS[kind].text:
+    if kinds.kind_of(kind).text:
       stored = _stored(source, tokenizer)
       lengths = _lengths(source, pick, tokenizer, stored)
       unit = "tokens" if tokenizer is not None else "words"

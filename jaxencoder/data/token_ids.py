@@ -433,7 +433,7 @@ def stored(source, tokenizer) -> tuple[StoredIds, object] | None:
   """(the stored ids behind `source`, `records(i_N)`: the record index of its examples
   i_N, None for all in order); None when `source` stores no ids; ids made by another
   tokenizer are a DataError. `source` is a prepared split, or a view with `.source` and
-  `.records(i_N)` (train/datasets.py's held-out views)."""
+  `.records(i_N)` (data/splits.py's held-out views)."""
   views = []
   while not hasattr(source, "dataset_info") and hasattr(source, "source"):
     views.append(source)

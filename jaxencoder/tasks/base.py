@@ -18,6 +18,9 @@ import numpy as np
 import optax
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.data import kinds
+# the batch-shape helpers the data kinds share with the task modules (which import them here)
+from jaxencoder.data.kinds.base import Kind, Shapes, per_example, text_shapes  # noqa: F401
 
 if TYPE_CHECKING:  # the grain pipelines load only where a task builds one
   from jaxencoder.data.pipeline import Reading
@@ -25,9 +28,7 @@ if TYPE_CHECKING:  # the grain pipelines load only where a task builds one
 INPUT_KEYS = {"text": "input_ids", "image": "images", "series": "inputs"}
 MODEL_KWARGS = ("attention_mask", "token_type_ids", "segment_ids", "positions")
 MASKED = -1e9  # logit of a position or candidate that may not be chosen
-TEXT_ROWS = ("input_ids", "attention_mask", "segment_ids", "positions", "token_type_ids")
 Sums = dict[str, jax.Array]
-Shapes = dict[str, tuple[tuple[int, ...], type]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,15 +106,17 @@ class Family:
     return "min" if lower else "max"
 
   def pipeline(self, name: str, config, source, tokenizer, *, train: bool, batch_size: int,
-               read: Reading, kind_pipeline: Callable[[], Any]):
+               read: Reading, kind: Kind, features: Callable[[dict], dict] | None = None):
     """The input pipeline of `batch_size` rows read as `read` says; by default the data
-    kind's (`kind_pipeline()`)."""
-    return kind_pipeline()
+    kind's (`kind.pipeline`; `features`: this task's arrays of each example of a
+    `records` kind, made by `record_features`)."""
+    return kind.pipeline(config, tokenizer, source, train=train, batch_size=batch_size,
+                         read=read, features=features)
 
   def stores_token_ids(self, name: str, config) -> bool:
     """Whether a text_corpus is read as stored token ids (data/token_ids.py): by default
     when data.tokenize_once asks for them."""
-    return config.data.kind == "text_corpus" and config.data.tokenize_once
+    return kinds.kind_of(config.data.kind).corpus and config.data.tokenize_once
 
   def record_features(self, name: str, tokenizer, seq_len: int, *,
                       num_labels: int | None) -> Callable[[dict], dict]:
@@ -121,9 +124,9 @@ class Family:
     raise NotImplementedError
 
   def batch_shapes(self, name: str, config, batch: int, *, train: bool, group: int | None,
-                   kind_shapes: Callable[[], Shapes]) -> Shapes | None:
+                   kind: Kind) -> Shapes | None:
     """{key: (shape, dtype)} of a batch where the task decides them; None: the data
-    kind's (`kind_shapes()`, train/batch_shapes.py)."""
+    kind's (`kind.batch_shapes`, train/batch_shapes.py)."""
     return None
 
   def init_inputs(self, name: str) -> tuple | None:
@@ -234,15 +237,6 @@ def pooled_vectors(predictor, args: tuple) -> np.ndarray:
   params = predictor.params
   out = Encoder(predictor.cfg).apply({"params": params.get(ENCODER, params)}, *args)
   return np.asarray(out.pooled, np.float32)
-
-
-def text_shapes(rows: tuple[int, ...], config, keys=TEXT_ROWS) -> Shapes:
-  """Token arrays of `rows` shape; no token types for a model without their table."""
-  return {k: (rows, np.int32) for k in keys if k != "token_type_ids" or config.model.type_vocab_size}
-
-
-def per_example(batch: int, **dtypes) -> Shapes:
-  return {k: ((batch,), dtype) for k, dtype in dtypes.items()}
 
 
 def record_shapes(arrays: Shapes, batch: int, *, train: bool) -> Shapes:

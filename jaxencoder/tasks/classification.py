@@ -123,8 +123,8 @@ class Classification(Family):
       return multilabel_features(tokenizer, seq_len, num_labels=num_labels)
     return multiple_choice_features(tokenizer, seq_len)
 
-  def batch_shapes(self, name, config, batch, *, train, group, kind_shapes):
-    if config.data.kind != "text_records" or name not in self.record_columns:
+  def batch_shapes(self, name, config, batch, *, train, group, kind):
+    if not kind.records or name not in self.record_columns:
       return None
     L = config.data.seq_len
     if name == "multilabel":

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxencoder.data import records
+from jaxencoder.data import kinds, records
 from jaxencoder.data.readers import as_text
 from jaxencoder.heads import EncoderContrastive, info_nce_loss, is_grouped
 from jaxencoder.tasks import matryoshka
@@ -103,9 +103,8 @@ class Contrastive(Family):
   predicts = {"contrastive": "vectors"}
 
   def check(self, name, config) -> None:
-    data = config.data
-    if data.views not in VIEWS or (data.views == "halves" and data.kind not in (
-        "text_corpus", "text_records")):
+    data, kind = config.data, kinds.kind_of(config.data.kind)
+    if data.views not in VIEWS or (data.views == "halves" and not (kind.corpus or kind.records)):
       raise ValueError(f"data.views={data.views!r} with data.kind={data.kind!r}: views "
                        "are 'dropout' (SimCSE: a text twice) or, for text_corpus / text_records "
                        "texts, 'halves' (a text's first and second half)")
@@ -145,10 +144,11 @@ class Contrastive(Family):
   def metric_mode(self, metric: str) -> str:
     return super().metric_mode(matryoshka.plain_metric(metric))
 
-  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read,
-               kind_pipeline):
+  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read, kind,
+               features=None):
     if config.data.views == "dropout":
-      return kind_pipeline()
+      return kind.pipeline(config, tokenizer, source, train=train, batch_size=batch_size,
+                           read=read, features=features)
     from jaxencoder.data import span_views
     return span_views.halves_pipeline(source, tokenizer, seq_len=config.data.seq_len,
                                       batch_size=batch_size,
@@ -157,11 +157,11 @@ class Contrastive(Family):
   def record_features(self, name, tokenizer, seq_len, *, num_labels):
     return contrastive_features(tokenizer, seq_len)
 
-  def batch_shapes(self, name, config, batch, *, train, group, kind_shapes):
+  def batch_shapes(self, name, config, batch, *, train, group, kind):
     data, weights = config.data, {"example_weights": ((batch,), np.float32)}
     if data.views == "halves":
       return {**text_shapes((batch, 2, data.seq_len), config), **weights}
-    if data.kind != "text_records":
+    if not kind.records:
       return None
     group = group or PAIR
     rows = (batch, data.seq_len) if group == 1 else (batch, group, data.seq_len)

@@ -33,16 +33,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-if TYPE_CHECKING:
-  from jaxencoder.data.pipeline import Reading
-
+from jaxencoder.data.kinds.text_corpus import mask_rate_schedule, masked_text_pipeline
 from jaxencoder.heads import EncoderForMaskedLM, EncoderForPreTraining, vocab_logits
 from jaxencoder.layers import take_rows
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model,
@@ -60,12 +58,6 @@ def auto_max_predictions(data) -> int:
   (`peak_mask_rate`; max_predictions = -1), at most one per position; `data`: a config's
   data section, a ConfigDict or a stored dict."""
   return min(math.ceil(1.25 * peak_mask_rate(data) * data["seq_len"]) + 1, data["seq_len"])
-
-
-def mask_rate_schedule(data) -> tuple[tuple[int, float], ...]:
-  """data.mask_rate_schedule as ((step, rate), ...); () when unset (stored configs from
-  before the key included)."""
-  return tuple((int(step), float(rate)) for step, rate in data.get("mask_rate_schedule") or ())
 
 
 def peak_mask_rate(data) -> float:
@@ -180,22 +172,6 @@ def sentence_pair_sums(mlm: Sums, pair_logits_Bx2, pair_labels_B, weights_B) -> 
           "loss_sum": mlm["loss_sum"] + mlm["loss_weight"] * pair_mean}
 
 
-def masked_text_pipeline(config, tokenizer, source, *, train: bool, rate: float,
-                         batch_size: int, read: Reading, scheduled: bool = False):
-  """text_corpus batches: tokens BERT-masked at `rate` (0: plain tokens, no prediction
-  targets chosen), packed or padded rows (eval: padded). `scheduled` (train): the rate
-  follows data.mask_rate_schedule by train step; eval keeps `rate`, so eval losses
-  compare across the run."""
-  from jaxencoder.data import pipeline
-  data = config.data
-  spec = pipeline.default_mask(tokenizer, rate=rate, whole_word=data.whole_word)
-  schedule = mask_rate_schedule(data) if scheduled and train else ()
-  return pipeline.mlm_pipeline(source, tokenizer, seq_len=data.seq_len,
-                               mode=data.packing if train else "pad", mask=spec,
-                               batch_size=batch_size, rate_schedule=schedule,
-                               read=dataclasses.replace(read, drop_remainder=train))
-
-
 class MaskedLM(Family):
   names = ("mlm", *SENTENCE_PAIRS.values())
   options = {
@@ -265,11 +241,12 @@ class MaskedLM(Family):
       out["pair_accuracy"] = ratio("pair_correct", "pair_weight")
     return out
 
-  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read,
-               kind_pipeline):
+  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read, kind,
+               features=None):
     data = config.data
-    if data.kind != "text_corpus":
-      return kind_pipeline()
+    if not kind.corpus:
+      return kind.pipeline(config, tokenizer, source, train=train, batch_size=batch_size,
+                           read=read, features=features)
     if name == "mlm":
       return masked_text_pipeline(config, tokenizer, source, train=train, rate=data.mask_rate,
                                   batch_size=batch_size, read=read, scheduled=True)
@@ -287,10 +264,10 @@ class MaskedLM(Family):
   def stores_token_ids(self, name, config) -> bool:
     return name == "mlm" and super().stores_token_ids(name, config)
 
-  def batch_shapes(self, name, config, batch, *, train, group, kind_shapes):
-    if name == "mlm" or config.data.kind != "text_corpus":
+  def batch_shapes(self, name, config, batch, *, train, group, kind):
+    if name == "mlm" or not kind.corpus:
       return None
-    return {**kind_shapes(), "pair_labels": ((batch,), np.int32),
+    return {**kind.batch_shapes(config, batch), "pair_labels": ((batch,), np.int32),
             "example_weights": ((batch,), np.float32)}
 
   def predict(self, name, predictor, batch, args, lines):

@@ -108,8 +108,8 @@ class Regression(Family):
   def record_features(self, name, tokenizer, seq_len, *, num_labels):
     return regression_features(tokenizer, seq_len)
 
-  def batch_shapes(self, name, config, batch, *, train, group, kind_shapes):
-    if config.data.kind != "text_records":
+  def batch_shapes(self, name, config, batch, *, train, group, kind):
+    if not kind.records:
       return None
     arrays = {**text_shapes((batch, config.data.seq_len), config),
               **per_example(batch, targets=np.float32)}

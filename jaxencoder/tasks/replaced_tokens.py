@@ -114,10 +114,11 @@ class ReplacedTokens(Family):
     out["replaced_recall"] = ratio("replaced_hits", "replaced")
     return out
 
-  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read,
-               kind_pipeline):
-    if config.data.kind != "text_corpus":
-      return kind_pipeline()
+  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read, kind,
+               features=None):
+    if not kind.corpus:
+      return kind.pipeline(config, tokenizer, source, train=train, batch_size=batch_size,
+                           read=read, features=features)
     return masked_lm.masked_text_pipeline(config, tokenizer, source, train=train,
                                           rate=config.data.mask_rate, batch_size=batch_size,
                                           read=read, scheduled=True)

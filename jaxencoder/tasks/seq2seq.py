@@ -11,6 +11,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from jaxencoder.data import kinds
 from jaxencoder.decoder import EncoderDecoder, greedy_decode
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
                                    mean_loss, text_shapes, weighted_ce)
@@ -40,7 +41,7 @@ class Seq2Seq(Family):
   predicts = {"seq2seq": "lines"}
 
   def check(self, name, config) -> None:
-    if config.data.kind != "text_corpus":
+    if not kinds.kind_of(config.data.kind).corpus:
       raise ValueError("task='seq2seq' restores a text_corpus's sentences from their shuffled "
                        f"words; data.kind={config.data.kind!r} is not text_corpus")
 
@@ -65,8 +66,8 @@ class Seq2Seq(Family):
                                 / max(float(sums["loss_weight"]), 1e-9))
     return out
 
-  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read,
-               kind_pipeline):
+  def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read, kind,
+               features=None):
     from jaxencoder.data import shuffled_words
     data = config.data
     return shuffled_words.shuffled_words_pipeline(
@@ -77,7 +78,7 @@ class Seq2Seq(Family):
   def stores_token_ids(self, name, config) -> bool:
     return False
 
-  def batch_shapes(self, name, config, batch, *, train, group, kind_shapes):
+  def batch_shapes(self, name, config, batch, *, train, group, kind):
     B, T = batch, config.data.seq_len - 1
     return {**text_shapes((B, T + 1), config, ("input_ids", "attention_mask", "token_type_ids")),
             "decoder_input_ids": ((B, T), np.int32), "decoder_mask": ((B, T), np.int32),

@@ -109,7 +109,7 @@ class Span(Family):
   def record_features(self, name, tokenizer, seq_len, *, num_labels):
     return span_features(tokenizer, seq_len)
 
-  def batch_shapes(self, name, config, batch, *, train, group, kind_shapes):
+  def batch_shapes(self, name, config, batch, *, train, group, kind):
     L = config.data.seq_len
     arrays = {**text_shapes((batch, L), config), "context_mask": ((batch, L), np.int32),
               **per_example(batch, start_positions=np.int32, end_positions=np.int32)}

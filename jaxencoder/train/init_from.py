@@ -14,6 +14,7 @@ import logging
 import ml_collections
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.data import kinds
 from jaxencoder.pretrained.named_checkpoints import NAMED_CHECKPOINTS  # init_from's: minilm
 from jaxencoder.train.config import finalize
 
@@ -40,7 +41,6 @@ def adopt(config: ml_collections.ConfigDict) -> list[str]:
   the checkpoint's when unset. Returns the changes as 'field: old -> new' lines."""
   if not config.init_from:
     return []
-  from jaxencoder.data.builders import TEXT_KINDS
   from jaxencoder.io.run_dir import RunDir  # orbax: only when a checkpoint is read
   changes = []
   run_dir = pretrained_run_dir(config.init_from, config.data.data_dir)
@@ -57,11 +57,11 @@ def adopt(config: ml_collections.ConfigDict) -> list[str]:
     if name not in keep and value != current:
       config.model[name] = stored[name]
       changes.append(f"model.{name}: {current} -> {value}")
-  tokenizer = source.tokenizer_path()
-  if tokenizer and not config.data.tokenizer and config.data.kind in TEXT_KINDS:
+  tokenizer, text = source.tokenizer_path(), kinds.kind_of(config.data.kind).text
+  if tokenizer and not config.data.tokenizer and text:
     config.data.tokenizer = str(tokenizer)
     changes.append(f"data.tokenizer: '' -> {tokenizer}")
-  elif not config.data.tokenizer and config.data.kind in TEXT_KINDS:
+  elif not config.data.tokenizer and text:
     from jaxencoder.tokenizer import run_tokenizer
     run_tokenizer(source, fix="set data.tokenizer")  # no default for a tokenizer-less one
   if changes:

@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from jaxencoder import lora, progress
-from jaxencoder.data import packing
+from jaxencoder.data import kinds, packing
 from jaxencoder.encoder import ENCODER
 from jaxencoder.train import distributed, provenance
 from jaxencoder.train.compilation_cache import use_compilation_cache
@@ -98,7 +98,7 @@ PACKING_BATCHES = 8  # the train batches whose fill a packed run logs at its sta
 def log_packing(data, iterator) -> None:
   """Logs the packing efficiency (real tokens / slots) of the first PACKING_BATCHES
   batches of a packed text run (data.packing not "pad"); the iterator stays put."""
-  if data.kind != "text_corpus" or data.packing == "pad":
+  if not kinds.kind_of(data.kind).corpus or data.packing == "pad":
     return
   saved = iterator.get_state()
   mask = np.concatenate([next(iterator)["attention_mask"] for _ in range(PACKING_BATCHES)])

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 
 import jax
 
+from jaxencoder.data import kinds
 from jaxencoder.train.batch_shapes import batch_shapes
 from jaxencoder.train.sharding import batch_devices
 
@@ -168,7 +169,7 @@ def _fix(config, key: str) -> str:
   """What to lower, naming the keys and their values."""
   if key == "eval_batch_size":
     return f"lower eval_batch_size (now {config.eval_batch_size})"
-  length = ("" if config.data.kind == "image_arrays" else
+  length = ("" if not kinds.kind_of(config.data.kind).has_length else
             f", or lower data.seq_len (now {config.data.seq_len})")
   return (f"lower batch_size (now {config.batch_size}) and raise optim.grad_accum_steps (now "
           f"{config.optim.grad_accum_steps}) to keep the rows a step{length}")

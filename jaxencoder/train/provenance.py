@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from jaxencoder.data import fingerprints
+from jaxencoder.data import fingerprints, kinds
 from jaxencoder.data.readers import DataError
 from jaxencoder.data.token_ids import tokenizer_digest
 from jaxencoder.io import run_record
@@ -33,7 +33,7 @@ class DataChangedError(DataError):
 def tokenizer_file(run_dir: RunDir, config, record: run_record.Record | None) -> str | None:
   """The tokenizer a run reads text with: its own copy when its record lists one (checked
   against the record's sha256), else data.tokenizer; None for a run without text."""
-  if config.data.kind not in datasets.TEXT_KINDS:
+  if not kinds.kind_of(config.data.kind).text:
     return None
   if record and record.get("tokenizer"):
     run_record.check_tokenizer(run_dir.path, record)
