@@ -47,11 +47,11 @@ def read_model(run: str | None, pretrained: str | None) -> tuple[Servable, str |
     return (export.servable(cfg, encoder_params(params), source={"pretrained": pretrained}),
             tokenizer_file(pretrained))
   from jaxencoder.io.run_dir import RunDir
-  from jaxencoder.restore_targets import stored_encoder
+  from jaxencoder.restore_targets import stored_config, stored_encoder
   from jaxencoder.tokenizer import run_tokenizer
   run_dir = RunDir.open(run)  # the newest step that restores (a damaged one: a warning)
   step, encoder = run_dir.newest_restorable(lambda s: stored_encoder(run_dir, step=s))
-  config, cfg = run_dir.read_config(step), run_dir.model_config(step)
+  config, cfg = run_dir.read_config(step), stored_config(run_dir, step)
   source = {"run": run, "step": step, "task": config.get("task")}
   if classifier_task(config, cfg):
     from jaxencoder.train import predict

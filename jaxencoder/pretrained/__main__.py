@@ -98,16 +98,17 @@ def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict,
                   lora_out: str | None = None) -> str:
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.pretrained import hf_checkpoint
+  from jaxencoder.restore_targets import stored_config, write_encoder
   from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
   if is_hf_dir(source):
     cfg, params, tokenizer = hf_checkpoint.load(source, scan_layers=scan_layers, **resize)
     if tokenizer is not None:
       hf_checkpoint.check_tokenizer(source, cfg, tokenizer, f"{source}'s tokenizer")
-    run = RunDir(target).write_encoder(cfg, params, tokenizer)
+    run = write_encoder(RunDir(target), cfg, params, tokenizer)
     return (f"wrote jaxencoder checkpoint {run.checkpoint_dir}; fine-tune with "
             f"--config.init_from={target} ({_what_comes_along(cfg, tokenizer, source)})")
   run = RunDir.open(source)
-  if lora_out and not run.model_config().lora_rank:
+  if lora_out and not stored_config(run).lora_rank:
     raise ValueError(f"--{lora_out}: {source} was not trained with LoRA (model.lora_rank 0)")
   if lora_out == "adapters_only":
     return write_adapters(run, target / ADAPTERS_FILE)
@@ -122,7 +123,7 @@ def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict,
   elif cfg.input_kind == "text":
     note = f" without tokenizer files ({source} has none)"
   if lora_out == "merge_lora":
-    run = RunDir(target).write_encoder(cfg, params, tokenizer)
+    run = write_encoder(RunDir(target), cfg, params, tokenizer)
     return (f"wrote jaxencoder checkpoint {run.checkpoint_dir} with the LoRA adapters merged"
             f"{note}")
   hf_checkpoint.save(target, cfg, params, tokenizer)
@@ -154,9 +155,10 @@ def _restore_step_for_export(run, step: int):
   from jaxencoder.electra import Electra
   from jaxencoder.encoder import ENCODER
   from jaxencoder.pretrained.electra_names import DISCRIMINATOR_HEAD
-  from jaxencoder.restore_targets import abstract_params, encoder_params
-  cfg = run.model_config(step)
-  encoder = run.restore_encoder(encoder_params(cfg), step=step)
+  from jaxencoder.restore_targets import (abstract_params, encoder_params, restore_encoder,
+                                          stored_config)
+  cfg = stored_config(run, step)
+  encoder = restore_encoder(run, encoder_params(cfg), step=step)
   if cfg.lora_rank:
     encoder, cfg = lora.merge(encoder, cfg), lora.without_adapters(cfg)
   heads = ("mlm_head", DISCRIMINATOR_HEAD) if cfg.family == "electra" else ("mlm_head",)
@@ -180,9 +182,9 @@ def write_adapters(run, path: pathlib.Path) -> str:
   import numpy as np
   from safetensors.numpy import save_file
   from jaxencoder import lora
-  from jaxencoder.restore_targets import encoder_params
-  cfg = run.model_config()
-  adapters = lora.split(run.restore_encoder(encoder_params(cfg)))[1]
+  from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
+  cfg = stored_config(run)
+  adapters = lora.split(restore_encoder(run, encoder_params(cfg)))[1]
   path_str = lambda p: jax.tree_util.keystr(p, simple=True, separator="/")
   tensors = {path_str(p): np.asarray(x, np.float32)  # float32: small, and any reader's
              for p, x in jax.tree_util.tree_leaves_with_path(adapters)}

@@ -83,10 +83,10 @@ def run_steps(workdir, steps: str, cfg: EncoderConfig, tokenizer,
 def restore_step(run: RunDir, step: int, cfg: EncoderConfig):
   """The encoder params of `step`, resized as `cfg` (the newest step's, as loaded) is."""
   from jaxencoder.pretrained.hf_checkpoint import resize_on_load
-  from jaxencoder.restore_targets import encoder_params
-  stored = run.model_config(step)
-  step_cfg, params = resize_on_load(stored, run.restore_encoder(encoder_params(stored),
-                                                                step=step),
+  from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
+  stored = stored_config(run, step)
+  step_cfg, params = resize_on_load(stored, restore_encoder(run, encoder_params(stored),
+                                                            step=step),
                                     max_len=cfg.max_len)
   if step_cfg != cfg:
     raise ValueError(f"{run.path}: step {step} holds another model than the newest step; "

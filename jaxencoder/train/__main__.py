@@ -147,7 +147,8 @@ def main(argv=None) -> None:
 def full_disk(error: OSError) -> str | None:
   """The line that names a full disk: OutOfSpace's (a checkpoint; also when closing the
   metrics writers failed after it), else the OSError's; None if the disk is not full."""
-  from jaxencoder.io.checkpoint import OutOfSpace, is_out_of_space
+  from jaxencoder.errors import is_out_of_space
+  from jaxencoder.io.checkpoint import OutOfSpace
   cause = error
   while cause is not None:
     if isinstance(cause, OutOfSpace):
