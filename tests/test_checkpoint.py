@@ -11,6 +11,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxencoder.io.checkpoint import Checkpointer, restore_params_only
+from jaxencoder.io.run_dir import RunDir
 
 ENCODER = ("params", "encoder")  # restore_params_only's subtree: the state's encoder
 
@@ -224,6 +225,15 @@ def test_restore_params_only_names_mismatching_paths(tmp_path):
 def test_restore_params_only_missing_dir_raises(tmp_path):
   with pytest.raises(FileNotFoundError, match="nowhere"):
     restore_params_only(tmp_path / "nowhere", {}, subtree=ENCODER)
+
+
+@pytest.mark.parametrize("method,new", [("model_config", "stored_config"),
+                                        ("restore_encoder", "restore_encoder"),
+                                        ("write_encoder", "write_encoder")])
+def test_a_model_side_method_that_left_run_dir_names_its_new_place(tmp_path, method, new):
+  with pytest.raises(AttributeError, match=rf"^RunDir.{method} moved: "
+                                           rf"jaxencoder.restore_targets.{new}\("):
+    getattr(RunDir(tmp_path), method)
 
 
 def test_relative_directory_works(tmp_path, monkeypatch):

@@ -66,7 +66,7 @@ def main(argv=None) -> None:
 
 def run(args, overrides) -> dict:
   """Loads the config, compiles for the target, returns the report (a JSON-able dict)."""
-  from jaxencoder.aot.report import compile_config
+  from jaxencoder.aot.compile_report import compile_config
   from jaxencoder.aot.targets import parse_target
   from jaxencoder.train.__main__ import load_config
   from jaxencoder.train.config import apply_overrides
@@ -82,7 +82,7 @@ def run(args, overrides) -> dict:
 
 
 def format_table(result: dict) -> str:
-  from jaxencoder.aot.report import format_report
+  from jaxencoder.aot.compile_report import format_report
   return format_report(result)
 
 

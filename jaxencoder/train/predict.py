@@ -137,7 +137,7 @@ def _restore_step(run: RunDir, run_path, step: int) -> tuple[Predictor, dict]:
   names, stored = _label_names(run, config)
   task_name, family = registry.owner(config)
   if task_name not in family.predicts:
-    supported = [n for f in registry.FAMILIES for n in f.predicts]
+    supported = [n for f in registry.TASK_FAMILIES for n in f.predicts]
     raise UnsupportedRun(f"{run_path}: predict does not support task {task_name!r} "
                          f"(supported: {', '.join(supported)})")
   task = registry.task_from_config(config, cfg, num_classes=len(names) if names
@@ -268,7 +268,7 @@ def _nan_rows(values_KxC: np.ndarray, blank_N: np.ndarray) -> np.ndarray:
 
 def _no_scores(task: str) -> str:
   from jaxencoder.tasks import registry
-  scored = [name for family in registry.FAMILIES for name in family.scored]
+  scored = [name for family in registry.TASK_FAMILIES for name in family.scored]
   return (f"--scores: a {task!r} run has no per-class scores (its prediction is the whole "
           f"output); scores come with {', '.join(scored)} runs")
 
