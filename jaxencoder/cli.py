@@ -16,7 +16,8 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jaxencoder.errors import UserError, is_out_of_space  # UserError: what tools raise as cli.UserError
+# UserError lives on the ground floor (errors.py); the tools raise it as cli.UserError.
+from jaxencoder.errors import UserError, is_out_of_space
 
 EXIT_USER_ERROR = 2  # a bad flag, file or value
 
