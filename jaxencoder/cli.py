@@ -16,12 +16,10 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+# UserError lives on the ground floor (errors.py); the tools raise it as cli.UserError.
+from jaxencoder.errors import UserError, is_out_of_space
+
 EXIT_USER_ERROR = 2  # a bad flag, file or value
-
-
-class UserError(Exception):
-  """An error in what the user passed."""
-
 
 # Errors that describe bad input rather than a bug (bad values, missing or damaged files).
 USER_ERRORS: tuple[type[Exception], ...] = (UserError, KeyError, ValueError, TypeError,
@@ -132,7 +130,6 @@ def _without_closed_loop(hook):
 
 def _not_out_of_space(record: logging.LogRecord) -> bool:
   """Drops orbax's logged tracebacks of a full disk: train.py names it in one line."""
-  from jaxencoder.io.checkpoint import is_out_of_space
   return not (record.exc_info and is_out_of_space(record.exc_info[1]))
 
 

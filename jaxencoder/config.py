@@ -26,7 +26,7 @@ MODERNBERT = dict(type_vocab_size=0, position_embedding="rope", rope_base=160_00
 
 INPUT_KINDS = ("text", "image", "series")
 # Hugging Face layout a checkpoint converts back to (jaxencoder.pretrained).
-FAMILIES = ("bert", "roberta", "distilbert", "electra", "modernbert", "vit")
+CHECKPOINT_FAMILIES = ("bert", "roberta", "distilbert", "electra", "modernbert", "vit")
 POSITION_KINDS = ("learned", "sinusoidal", "rope", "relative", "none")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "fused", "linear")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
@@ -268,7 +268,7 @@ class EncoderConfig:
         "attention_impl": ATTENTION_IMPLS, "activation": ACTIVATIONS,
         "norm": NORMS, "norm_position": NORM_POSITIONS, "pooling": POOLINGS,
         "remat_policy": REMAT_POLICIES, "dtype": DTYPES, "param_dtype": DTYPES,
-        "family": FAMILIES,
+        "family": CHECKPOINT_FAMILIES,
     }
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:

@@ -238,12 +238,6 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self.hf.get_vocab_size(with_added_tokens=True)
 
-  def _id(self, token: str) -> int:
-    i = self.hf.token_to_id(token)
-    if i is None:
-      raise KeyError(f"special token {token} is not in the vocab")
-    return i
-
   def _role_id(self, role: str) -> int:
     """Id of the first of a role's tokens (SPECIAL_ROLES) in the vocab."""
     for token in SPECIAL_ROLES[role]:

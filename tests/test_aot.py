@@ -20,7 +20,7 @@ import pytest
 from jaxencoder import flash
 from jaxencoder.aot import hlo
 from jaxencoder.aot.__main__ import main
-from jaxencoder.aot.report import compile_config
+from jaxencoder.aot.compile_report import compile_config
 from jaxencoder.aot.targets import (GIB, UnknownTopologyError, gpu_target_config, parse_target,
                                     target_devices)
 from jaxencoder.train import init_from

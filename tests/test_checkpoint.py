@@ -11,6 +11,9 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxencoder.io.checkpoint import Checkpointer, restore_params_only
+from jaxencoder.io.run_dir import RunDir
+
+ENCODER = ("params", "encoder")  # restore_params_only's subtree: the state's encoder
 
 
 @struct.dataclass
@@ -192,7 +195,7 @@ def test_restore_reshards_onto_other_meshes(tmp_path):
         assert got.sharding.is_equivalent_to(want.sharding, got.ndim)
   assert restored.params["encoder"]["w"].addressable_shards[0].data.shape == (4, 4)
   abstract_encoder = abstract_with(state.params["encoder"], mesh42, _tensor_spec)
-  encoder = restore_params_only(tmp_path, abstract_encoder)
+  encoder = restore_params_only(tmp_path, abstract_encoder, subtree=ENCODER)
   assert_identical(encoder, state.params["encoder"])
   assert encoder["w"].sharding == abstract_encoder["w"].sharding
 
@@ -202,7 +205,7 @@ def test_restore_params_only_loads_encoder_into_new_head(tmp_path):
     c.save(1, make_state(seed=1))
     c.save(2, make_state(seed=2))
   new_model = make_state(seed=9, head_dim=5).params  # different head
-  encoder = restore_params_only(tmp_path, single_device(new_model["encoder"]))
+  encoder = restore_params_only(tmp_path, single_device(new_model["encoder"]), subtree=ENCODER)
   assert_identical(encoder, make_state(seed=2).params["encoder"])  # latest step
 
 
@@ -213,7 +216,7 @@ def test_restore_params_only_names_mismatching_paths(tmp_path):
             "b": jax.ShapeDtypeStruct((8,), jnp.float32),
             "extra": jax.ShapeDtypeStruct((2,), jnp.float32)}
   with pytest.raises(ValueError) as err:
-    restore_params_only(tmp_path, wanted)
+    restore_params_only(tmp_path, wanted, subtree=ENCODER)
   assert "params/encoder/w: checkpoint (16, 8) vs model (16, 4)" in str(err.value)
   assert "params/encoder/extra: checkpoint missing vs model (2,)" in str(err.value)
   assert "encoder/b" not in str(err.value)
@@ -221,7 +224,16 @@ def test_restore_params_only_names_mismatching_paths(tmp_path):
 
 def test_restore_params_only_missing_dir_raises(tmp_path):
   with pytest.raises(FileNotFoundError, match="nowhere"):
-    restore_params_only(tmp_path / "nowhere", {})
+    restore_params_only(tmp_path / "nowhere", {}, subtree=ENCODER)
+
+
+@pytest.mark.parametrize("method,new", [("model_config", "stored_config"),
+                                        ("restore_encoder", "restore_encoder"),
+                                        ("write_encoder", "write_encoder")])
+def test_a_model_side_method_that_left_run_dir_names_its_new_place(tmp_path, method, new):
+  with pytest.raises(AttributeError, match=rf"^RunDir.{method} moved: "
+                                           rf"jaxencoder.restore_targets.{new}\("):
+    getattr(RunDir(tmp_path), method)
 
 
 def test_relative_directory_works(tmp_path, monkeypatch):

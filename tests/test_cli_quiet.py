@@ -17,7 +17,7 @@ from jaxencoder.io.checkpoint import Checkpointer
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import save
 from jaxencoder.pretrained.__main__ import main as convert_main
-from jaxencoder.restore_targets import encoder_params
+from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
 
 ABSL_LINE = re.compile(r"^[IWEF]\d{4} ")  # absl's own format: I0101 12:00:00.000 ...
 
@@ -72,7 +72,7 @@ def test_reading_a_run_read_only_gives_orbax_nothing_to_warn_about(tmp_path, cap
     run = RunDir.open(tmp_path / "run")
     assert run.read_config()["model"]["num_layers"] == 2
     assert run.param_names() == {"encoder"}
-    params = run.restore_encoder(encoder_params(run.model_config()))
+    params = restore_encoder(run, encoder_params(stored_config(run)))
     assert set(params) == {"embeddings", "layers_0", "layers_1", "pooler"}
     reader = Checkpointer(run.checkpoint_dir, save_interval_steps=1, max_to_keep=None,
                           read_only=True)

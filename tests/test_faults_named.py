@@ -20,7 +20,8 @@ import pytest
 from orbax.checkpoint._src.path import async_path
 
 from jaxencoder import cli
-from jaxencoder.io.checkpoint import Checkpointer, OutOfSpace, is_out_of_space
+from jaxencoder.errors import is_out_of_space
+from jaxencoder.io.checkpoint import Checkpointer, OutOfSpace
 from jaxencoder.train import config_file, loop, preflight, stop
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -20,7 +20,8 @@ from jaxencoder.io.run_dir import RunDir, UnrestorableStep
 from jaxencoder.pretrained import __main__ as convert_cli
 from jaxencoder.probing import __main__ as probe_cli
 from jaxencoder.probing.load import load_checkpoint
-from jaxencoder.restore_targets import encoder_params, stored_encoder
+from jaxencoder.restore_targets import (encoder_params, restore_encoder, stored_config,
+                                        stored_encoder)
 from test_faults import DAMAGE
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -151,8 +152,8 @@ def test_no_step_that_restores_is_one_error_line_and_nothing_written(intact_run,
 def test_a_target_of_another_shape_raises_naming_the_param_not_a_fallback(intact_run, tmp_path,
                                                                           caplog):
   run = RunDir.open(damaged_copy(intact_run, tmp_path))
-  narrow = encoder_params(run.model_config(2).replace(emb_dim=16))
+  narrow = encoder_params(stored_config(run, 2).replace(emb_dim=16))
   with pytest.raises(ParamsMismatch, match=r"params/encoder/embeddings/token_embed/embedding: "
                                            r"checkpoint \(32, 32\) vs model \(32, 16\)"):
-    run.restore_encoder(narrow)
+    restore_encoder(run, narrow)
   assert not fallback_warnings(caplog)

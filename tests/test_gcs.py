@@ -237,13 +237,14 @@ def test_convert_reads_and_writes_gcs_and_init_from_takes_its_architecture(gcs, 
   from jaxencoder import pretrained
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.pretrained.convert import convert
+  from jaxencoder.restore_targets import stored_config
   from jaxencoder.train.config import base_config
   from jaxencoder.train.init_from import adopt
   cfg, params = tiny_bert_dir(tmp_path)
   copy_tree(tmp_path / "hf", gcs.url("conv/hf"))
   convert(gcs.url("conv/hf"), gcs.url("conv/run"))  # HF on gs -> run dir on gs
   run = RunDir.open(gcs.url("conv/run"))
-  assert run.model_config() == cfg and "conv/run/tokenizer.json" in gcs.objects("conv/run/")
+  assert stored_config(run) == cfg and "conv/run/tokenizer.json" in gcs.objects("conv/run/")
   config = base_config()
   config.init_from = gcs.url("conv/run")
   assert f"model.emb_dim: 128 -> {cfg.emb_dim}" in adopt(config)

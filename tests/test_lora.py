@@ -16,7 +16,8 @@ from jaxencoder.io.run_dir import RunDir
 from jaxencoder.layers import dense
 from jaxencoder.pretrained.adapters_file import read_adapters
 from jaxencoder.pretrained.convert import convert
-from jaxencoder.restore_targets import encoder_params
+from jaxencoder.restore_targets import (encoder_params, restore_encoder, stored_config,
+                                        write_encoder)
 from jaxencoder.stack_layout import loop_to_scan
 from jaxencoder.train.init_from import restore_base
 from jaxencoder.train.optim import make_optimizer, path_str, trainable_mask
@@ -154,7 +155,7 @@ def test_bad_lora_settings_are_clear_errors(fields, message):
 
 
 def _write_run(path, cfg, params):
-  return RunDir(path).write_encoder(cfg, params)
+  return write_encoder(RunDir(path), cfg, params)
 
 
 def test_init_from_restores_the_base_and_merges_a_lora_source(tmp_path):
@@ -183,9 +184,10 @@ def test_convert_merges_adapters_or_extracts_them(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, adapters, lora.split(params)[1])
   convert(tmp_path / "run", tmp_path / "merged", merge_lora=True)
   merged_run = RunDir.open(tmp_path / "merged")
-  assert merged_run.model_config().lora_rank == 0
-  merged = merged_run.restore_encoder(encoder_params(merged_run.model_config()))
-  np.testing.assert_allclose(_apply(merged_run.model_config(), merged, ids),
+  merged_cfg = stored_config(merged_run)
+  assert merged_cfg.lora_rank == 0
+  merged = restore_encoder(merged_run, encoder_params(merged_cfg))
+  np.testing.assert_allclose(_apply(merged_cfg, merged, ids),
                              _apply(cfg, params, ids), atol=1e-5)
   with pytest.raises(ValueError, match="was not trained with LoRA"):
     convert(tmp_path / "merged", tmp_path / "again", adapters_only=True)

@@ -18,6 +18,7 @@ from jaxencoder.io.checkpoint import Checkpointer
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import __main__ as convert_cli
 from jaxencoder.probing import __main__ as probe_cli
+from jaxencoder.restore_targets import write_encoder
 from jaxencoder.train import predict
 
 
@@ -32,7 +33,7 @@ def tiny():
 def runs(tmp_path, tiny):
   """runs/r (a run with its tokenizer and a metrics.jsonl) beside runs/sibling."""
   for name in ("r", "sibling"):
-    RunDir(tmp_path / "runs" / name).write_encoder(*tiny, tiny_tokenizer())
+    write_encoder(RunDir(tmp_path / "runs" / name), *tiny, tiny_tokenizer())
     (tmp_path / "runs" / name / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
   return tmp_path / "runs"
 

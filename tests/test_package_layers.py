@@ -13,10 +13,15 @@ sys.path.insert(0, str(REPO / "tools"))
 import import_graph  # noqa: E402
 
 # folder -> folders it must not import ("model" = the top-level model modules).
+EVERY_FOLDER = {"model", "train", "data", "pretrained", "probing", "io", "tokenizer", "cli",
+                "aot", "tasks", "progress", "export"}
 FORBIDDEN = {
+    "errors": EVERY_FOLDER,  # the ground floor: errors every layer shares
+    "cli": EVERY_FOLDER,  # the tools' shared helpers: light, no JAX (--help answers at once)
     "model": {"train", "data", "pretrained", "probing", "io", "tokenizer", "cli", "aot", "tasks"},
     "data": {"model", "train", "pretrained", "probing", "aot", "tasks"},
-    "io": {"train", "data", "pretrained", "probing", "aot", "tasks"},
+    # storage stores trees: the model side converts layouts before saving, after restoring
+    "io": {"model", "cli", "train", "data", "pretrained", "probing", "aot", "tasks"},
     # a task: its model, loss, metrics, options and pipeline from the data layer
     "tasks": {"train", "io", "pretrained", "probing", "aot"},
     "train": {"probing", "aot"},  # train reads pretrained checkpoints (init_from a HF dir)
@@ -133,7 +138,7 @@ def test_the_check_catches_an_import_of_a_cli_module(tmp_path):
 @pytest.mark.parametrize("module,folder", [
     ("jaxencoder", "model"), ("jaxencoder.encoder", "model"), ("jaxencoder.train", "train"),
     ("jaxencoder.train.loop", "train"), ("jaxencoder.io.run_dir", "io"),
-    ("jaxencoder.tokenizer", "tokenizer")])
+    ("jaxencoder.tokenizer", "tokenizer"), ("jaxencoder.errors", "errors")])
 def test_folder_of_a_module(module, folder):
   assert import_graph.folder(module) == folder
 

@@ -18,7 +18,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import tiny_config
-from jaxencoder.restore_targets import abstract_params, stored_encoder
+from jaxencoder.restore_targets import abstract_params, stored_config, stored_encoder
 from jaxencoder import Encoder, EncoderForMaskedLM
 from jaxencoder.io.checkpoint import restore_params_only
 from jaxencoder.pooling import mean_pool
@@ -205,11 +205,12 @@ def test_convert_writes_an_init_from_checkpoint_and_back(tmp_path, scan_layers):
   convert(tmp_path / "hf", tmp_path / "jax", scan_layers=scan_layers)
   cfg_scan = cfg.replace(scan_layers=scan_layers)
   abstract = abstract_params(cfg_scan)["encoder"]
-  restored = restore_params_only(tmp_path / "jax" / "checkpoints", abstract)
+  restored = restore_params_only(tmp_path / "jax" / "checkpoints", abstract,
+                                 subtree=("params", "encoder"))
   expected = load(tmp_path / "hf", scan_layers=scan_layers)[1]
   chex.assert_trees_all_equal(jax.device_get(restored), jax.device_get(expected))
   stored = run_dir.RunDir.open(tmp_path / "jax")
-  assert stored.model_config() == cfg_scan  # the architecture travels with the weights
+  assert stored_config(stored) == cfg_scan  # the architecture travels with the weights
   # Either layout restores into the other: init_from converts on load.
   other = stored_encoder(stored, scan_layers=not scan_layers)
   expected_other = load(tmp_path / "hf", scan_layers=not scan_layers)[1]
@@ -256,7 +257,7 @@ def test_train_py_fine_tunes_a_converted_minilm_without_model_flags(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "init_from=" in result.stderr and "model.num_layers: 2 -> 6" in result.stderr
   run = run_dir.RunDir.open(tmp_path / "cls")
-  cfg = run.model_config()
+  cfg = stored_config(run)
   assert (cfg.num_layers, cfg.emb_dim, cfg.vocab_size, cfg.pooling) == (6, 384, 30522, "mean")
   # Frozen encoder: the fine-tuned run's encoder is MiniLM's, exactly.
   chex.assert_trees_all_equal(jax.device_get(stored_encoder(run)), load(MINILM)[1])
@@ -517,7 +518,7 @@ def test_convert_cli_takes_a_train_py_run_to_hugging_face_and_back(tmp_path, mlm
         "--scan_layers"])
   assert f"--config.init_from={tmp_path / 'back'}" in capsys.readouterr().out
   back = run_dir.RunDir.open(tmp_path / "back")
-  assert back.model_config().scan_layers and back.model_config().num_layers == 3
+  assert stored_config(back).scan_layers and stored_config(back).num_layers == 3
   with pytest.raises(SystemExit) as exit_info:
     main(["--from", str(tmp_path / "hf"), "--to", str(tmp_path / "back")])
   assert exit_info.value.code == 2

@@ -22,10 +22,11 @@ from safetensors.numpy import save_file
 from conftest import tiny_config
 from data_helpers import VOCAB, WORDS, tiny_tokenizer
 from jaxencoder import Encoder, EncoderForMaskedLM
+from jaxencoder.config import CHECKPOINT_FAMILIES
 from jaxencoder.electra import Electra
 from jaxencoder.pretrained import encoder_params, load, save
 from jaxencoder.pretrained.convert import convert
-from jaxencoder.pretrained.hf_checkpoint import family_module
+from jaxencoder.pretrained.hf_checkpoint import FAMILY_MODULES, family_module
 from jaxencoder.tokenizer import Tokenizer
 
 TOL = 1e-4
@@ -108,6 +109,10 @@ def test_unknown_model_type_names_it_and_the_supported_families(tmp_path):
 def test_family_is_validated():
   with pytest.raises(ValueError, match="family='gpt2' is not one of"):
     tiny_config(family="gpt2")
+
+
+def test_every_family_a_config_may_name_has_a_module():
+  assert sorted(FAMILY_MODULES) == sorted(CHECKPOINT_FAMILIES)
 
 
 @pytest.mark.parametrize("family,head", [

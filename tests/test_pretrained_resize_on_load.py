@@ -12,6 +12,7 @@ from conftest import tiny_config
 from data_helpers import VOCAB, tiny_tokenizer
 from jaxencoder import Encoder
 from jaxencoder.io.run_dir import RunDir
+from jaxencoder.restore_targets import stored_config
 from jaxencoder.positions import resample_position_table
 from jaxencoder.pretrained import load, save
 from jaxencoder.pretrained.__main__ import main as convert_main
@@ -96,7 +97,7 @@ def test_image_size_resamples_a_vit_grid_at_load(tmp_path, caplog):
 
 def test_convert_cli_resizes_on_the_way_in_only(bert_dir, tmp_path, capsys):
   convert_main(["--from", str(bert_dir), "--to", str(tmp_path / "run"), "--max_len", "96"])
-  cfg = RunDir.open(tmp_path / "run").model_config()
+  cfg = stored_config(RunDir.open(tmp_path / "run"))
   assert cfg.max_len == 96
   with pytest.raises(SystemExit):
     convert_main(["--from", str(tmp_path / "run"), "--to", str(tmp_path / "hf"),

@@ -211,19 +211,21 @@ def test_health_flags_a_plateau_when_the_loss_stops_falling():
 
 @pytest.mark.parametrize("plot", ["probe", "cosine"])
 def test_plot_legends_sit_right_of_the_axes_covering_no_data(plot, tmp_path, monkeypatch):
-  from jaxencoder.probing import report
+  from jaxencoder.probing import probe_report
   figures = []
-  monkeypatch.setattr(report, "_save", lambda fig, path: figures.append(fig) or path)
+  monkeypatch.setattr(probe_report, "save_figure",
+                      lambda fig, path: figures.append(fig) or path)
   if plot == "probe":
     rows = [{"layer": n, "accuracy": 0.9, "control_accuracy": 0.6, "selectivity": 0.3}
             for n in range(3)]
-    report.plot_probe_accuracy({"majority_baseline": 0.5, "layers": rows}, tmp_path / "p.png")
+    probe_report.plot_probe_accuracy({"majority_baseline": 0.5, "layers": rows},
+                                     tmp_path / "p.png")
   else:
     rng = np.random.default_rng(0)
-    report.plot_cosine_by_layer(representation.all_layers(
+    probe_report.plot_cosine_by_layer(representation.all_layers(
         [rng.normal(size=(8, 4)) for _ in range(3)]), tmp_path / "c.png")
   fig = figures[0]
   renderer = fig.canvas.get_renderer()
   ax = fig.axes[0]
   assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
-  report._pyplot().close(fig)
+  probe_report.pyplot().close(fig)

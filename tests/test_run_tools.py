@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import train_helpers as th
-from jaxencoder.restore_targets import stored_encoder
+from jaxencoder.restore_targets import stored_config, stored_encoder
 from jaxencoder import Encoder
 from jaxencoder.io.run_dir import RunDir, read_metrics
 from jaxencoder.train import loop, plots, predict
@@ -131,7 +131,7 @@ def test_embeddings_of_an_mlm_run_are_its_pooled_encoder_outputs(mlm_run):
   vectors_NxD = predict.predict(p, ["the cat sat", "a dog"])
   run = RunDir.open(mlm_run.workdir)
   batch = p.tokenizer.encode_batch(["the cat sat"])
-  expected = Encoder(run.model_config()).apply({"params": stored_encoder(run)},
+  expected = Encoder(stored_config(run)).apply({"params": stored_encoder(run)},
                                                batch["input_ids"], batch["attention_mask"])
   np.testing.assert_allclose(vectors_NxD[0], np.asarray(expected.pooled[0]), atol=1e-5)
   assert vectors_NxD.shape == (2, config.model.emb_dim)

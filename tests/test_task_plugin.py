@@ -14,7 +14,7 @@ from jaxencoder.train.metrics import read_metrics
 
 @pytest.fixture
 def registered(monkeypatch):
-  monkeypatch.setattr(registry, "FAMILIES", list(registry.FAMILIES))
+  monkeypatch.setattr(registry, "TASK_FAMILIES", list(registry.TASK_FAMILIES))
   registry.register(length_task.FAMILY)  # the one registry line
   yield length_task.FAMILY
 

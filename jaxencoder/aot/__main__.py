@@ -26,7 +26,7 @@ from jaxencoder.aot.targets import UnknownTopologyError, parse_target
 EXIT_DOES_NOT_FIT = 1
 
 # A name that lived here until issue 43 (a CLI module holds argument parsing only).
-__getattr__ = cli.moved_names(__name__, {"format_table": "jaxencoder.aot.report.format_report"})
+__getattr__ = cli.moved_names(__name__, {"format_table": "jaxencoder.aot.compile_report.format_report"})
 
 
 def parse_args(argv):
@@ -60,7 +60,7 @@ def main(argv=None) -> None:
   logging.getLogger("jaxencoder").setLevel(logging.INFO)
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
   result = cli.run_main(lambda: run(args, overrides), (UnknownTopologyError,))
-  from jaxencoder.aot.report import format_report  # here: --help loads no JAX
+  from jaxencoder.aot.compile_report import format_report  # here: --help loads no JAX
   print(json.dumps(result, indent=1) if args.json else format_report(result))
   if not result["fits"]:
     print(result["verdict"], file=sys.stderr)
@@ -70,7 +70,7 @@ def main(argv=None) -> None:
 def run(args, overrides) -> dict:
   """Loads the config, compiles for the target, returns the report (a JSON-able dict)."""
   # Imported here: --help loads no JAX.
-  from jaxencoder.aot.report import compile_config
+  from jaxencoder.aot.compile_report import compile_config
   from jaxencoder.train.config import apply_overrides
   from jaxencoder.train.config_file import load_config
   from jaxencoder.train.init_from import finalized

@@ -42,10 +42,6 @@ class StepOps:
   kernels: dict[str, int]
   unknown_trip_counts: int = 0  # loops whose trip count the HLO does not state: counted once
 
-  @property
-  def collective_bytes(self) -> float:
-    return sum(c["bytes"] for c in self.collectives.values())
-
 
 def _split_shape(text: str) -> tuple[str, str]:
   """(shape, remainder) of `SHAPE opcode(...)`: a balanced tuple or one token."""

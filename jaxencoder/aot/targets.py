@@ -200,7 +200,7 @@ def _gpu_devices(target: Target) -> list:
                                             target_config=gpu_target_config(target.chip))
   except Exception as e:  # no CUDA plugin
     raise UnknownTopologyError(
-        f"cannot compile for {target.chip.name}: {_first_line(e)} (compiling for NVIDIA "
+        f"cannot compile for {target.chip.name}: {_with_install_hint(e)} (compiling for NVIDIA "
         "GPUs needs jax's CUDA plugin: pip install 'jaxencoder[cuda]')") from None
   return list(topology.devices)
 
@@ -224,11 +224,12 @@ def target_devices(target: Target) -> list:
                                             platform="tpu", **kwargs)
   except Exception as e:  # no libtpu, or a grid libtpu rejects
     raise UnknownTopologyError(f"cannot build TPU topology {target.topology_name!r}: "
-                               f"{_first_line(e)}") from None
+                               f"{_with_install_hint(e)}") from None
   return list(topology.devices)
 
 
-def _first_line(error: Exception) -> str:
+def _with_install_hint(error: Exception) -> str:
+  """The first line of a topology error, and where libtpu is missing, how to install it."""
   text = str(error).strip().splitlines()
   message = text[0] if text else type(error).__name__
   if "libtpu" in message.lower() or isinstance(error, (ImportError, RuntimeError)) and (

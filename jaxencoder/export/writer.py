@@ -18,7 +18,7 @@ from jaxencoder.heads import EncoderClassifier
 from jaxencoder.io import outputs
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained.hf_checkpoint import encoder_params
-from jaxencoder.restore_targets import stored_encoder
+from jaxencoder.restore_targets import stored_config, stored_encoder
 from jaxencoder.tasks import registry
 from jaxencoder.tokenizer import resolve_file, run_tokenizer
 from jaxencoder.train import predict
@@ -85,7 +85,7 @@ def read_model(run: str | None, pretrained: str | None) -> tuple[Servable, str |
             tokenizer_file(pretrained))
   run_dir = RunDir.open(run)  # the newest step that restores (a damaged one: a warning)
   step, encoder = run_dir.newest_restorable(lambda s: stored_encoder(run_dir, step=s))
-  config, cfg = run_dir.read_config(step), run_dir.model_config(step)
+  config, cfg = run_dir.read_config(step), stored_config(run_dir, step)
   source = {"run": run, "step": step, "task": config.get("task")}
   if classifier_task(config, cfg):
     p = predict.load(run, step)  # with its head (the encoder is read again)

@@ -31,7 +31,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
-from jaxencoder.encoder import ENCODER
+from jaxencoder.errors import first_line, is_out_of_space
 from jaxencoder.io.paths import as_path
 
 PyTree = Any
@@ -144,7 +144,7 @@ class Checkpointer:
       try:
         restored = self.restore(step, abstract_state=abstract_state, with_data=with_data)
       except Exception as e:  # orbax / tensorstore raise many types for damaged files
-        failures.append((step, _first_line(e)))
+        failures.append((step, first_line(e)))
         log.warning("checkpoint step %d in %s cannot be restored (%s); trying an older step",
                     step, self.directory, failures[-1][1])
         continue
@@ -251,32 +251,10 @@ class OutOfSpace(OSError):
     return self.strerror
 
 
-def is_out_of_space(error: BaseException | None) -> bool:
-  """Whether `error` (or an error it was raised from) is a full disk: errno ENOSPC, or
-  tensorstore's "No space left" text (a RESOURCE_EXHAUSTED status; not out of memory)."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if getattr(error, "errno", None) == errno.ENOSPC:
-      return True
-    text = str(error)
-    lower = text.lower()  # XLA:TPU's out of memory names a "memory space hbm": not a disk
-    if "No space left" in text or ("RESOURCE_EXHAUSTED" in text and "space" in lower
-                                   and "out of memory" not in lower):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
-
-
 def _disk_bytes(directory) -> int:
   """The bytes the files under a local `directory` occupy on disk."""
   return sum(os.stat(os.path.join(root, name)).st_blocks * 512
              for root, _, names in os.walk(directory) for name in names)
-
-
-def _first_line(error: Exception, limit: int = 300) -> str:
-  text = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {text[0][:limit] if text else ''}"
 
 
 def _metric_getter(name: str):
@@ -343,9 +321,9 @@ def _not_read_only_notice(record: logging.LogRecord) -> bool:
 
 
 def restore_params_only(directory: epath.PathLike, abstract_params: PyTree, *,
-                        subtree: Sequence[str] = ("params", ENCODER),
-                        step: int | None = None) -> PyTree:
-  """Loads only `state[subtree]` of `step` (default: the latest) in `directory`.
+                        subtree: Sequence[str], step: int | None = None) -> PyTree:
+  """Loads only `state[subtree]` (e.g. ("params", "encoder")) of `step` (default: the
+  latest) in `directory`.
 
   For `init_from`: e.g. a pretrained encoder into a model with a new head.
   `abstract_params` mirrors the subtree as `jax.ShapeDtypeStruct`s with

@@ -11,11 +11,11 @@
                                # label names, each split's fingerprint (io/run_record.py)
 
 train.py writes it (`RunDir.checkpointer`, `metrics_file`, `tensorboard_dir`); the
-converter creates one from a Hugging Face checkpoint (`write_encoder`); `init_from`,
-probing and the converter back to Hugging Face read it (`read_config`,
-`model_config`, `restore_encoder`, `restore_subtree`, `read_metrics`). It stores and
-reads; it builds no model: the caller passes the restore target (jaxencoder/
-restore_targets.py). A path may name the workdir or its `checkpoints/` folder.
+converter creates one from a Hugging Face checkpoint (`write_params`); `init_from`,
+probing and the converter back to Hugging Face read it (`read_config`, `restore_subtree`,
+`read_metrics`). It stores and reads trees and dicts; it knows no model: the model side
+(jaxencoder/restore_targets.py) builds the restore target, the EncoderConfig and the stack
+layout. A path may name the workdir or its `checkpoints/` folder.
 """
 
 from __future__ import annotations
@@ -25,18 +25,14 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import flax.linen as nn
-import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import ENCODER, in_scanned_stack
-from jaxencoder.io.checkpoint import (CONFIG, STATE, Checkpointer, ParamsMismatch, _first_line,
-                                     reader, restore_params_only)
+from jaxencoder.errors import first_line
+from jaxencoder.io.checkpoint import (CONFIG, STATE, Checkpointer, ParamsMismatch, reader,
+                                     restore_params_only)
 from jaxencoder.io import run_record
 from jaxencoder.io.paths import as_path
-from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
@@ -45,6 +41,10 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 Params = Any
 T = TypeVar("T")
 log = logging.getLogger("jaxencoder")
+# RunDir's model-side methods, now in jaxencoder.restore_targets: storage stores trees.
+MOVED = {"model_config": "stored_config(run, step)",
+         "restore_encoder": "restore_encoder(run, abstract, step=step)",
+         "write_encoder": "write_encoder(run, cfg, params, tokenizer)"}
 
 
 class UnrestorableStep(ValueError):
@@ -61,6 +61,11 @@ class RunDir:
 
   def __init__(self, path: epath.PathLike):
     self.path = as_path(path)
+
+  def __getattr__(self, name: str):
+    if name in MOVED:
+      raise AttributeError(f"RunDir.{name} moved: jaxencoder.restore_targets.{MOVED[name]}")
+    raise AttributeError(f"'RunDir' object has no attribute {name!r}")
 
   @classmethod
   def open(cls, path: epath.PathLike) -> "RunDir":
@@ -130,17 +135,6 @@ class RunDir:
       manager.close()
     return dict(restored[CONFIG] or {})
 
-  def model_config(self, step: int | None = None) -> EncoderConfig:
-    """The EncoderConfig stored with the checkpoint (its config's `model` section)."""
-    return self._model_config(self._step(step))
-
-  def _model_config(self, step: int) -> EncoderConfig:
-    model = self._config(step).get("model")
-    if not model:
-      raise ValueError(f"{self.checkpoint_dir}: step {step} has no config with a 'model' "
-                       "section")
-    return EncoderConfig.from_dict(model)
-
   def param_names(self, step: int | None = None) -> set[str]:
     """Top-level names under the saved state's params (e.g. {'encoder', 'mlm_head'})."""
     return self._param_names(self._step(step))
@@ -152,30 +146,6 @@ class RunDir:
     finally:
       manager.close()
     return set(tree.get("params", {}))
-
-  def restore_encoder(self, abstract: Params | None = None, *,
-                      step: int | None = None) -> Params:
-    """The Encoder params of `step` (default: the newest that restores) into `abstract`:
-    target ShapeDtypeStructs with shardings (restore_targets.encoder_params, or a train
-    state's encoder subtree), in either stack layout: the saved layout (loop or scan) is
-    converted to the target's, and a param whose shape differs raises naming it and both
-    shapes."""
-    if abstract is None:
-      raise TypeError("RunDir.restore_encoder(abstract) restores into a target; "
-                      "jaxencoder.restore_targets.stored_encoder(run) gives the stored encoder")
-    return self.newest_restorable(lambda s: self._restore_encoder(abstract, s), step)[1]
-
-  def _restore_encoder(self, abstract: Params, step: int) -> Params:
-    stored_scanned = self._model_config(step).scan_layers
-    if _is_scanned(abstract) == stored_scanned:
-      return restore_params_only(self.checkpoint_dir, abstract, step=step)
-    to_stored = loop_to_scan if stored_scanned else scan_to_loop
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    saved = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                         jax.eval_shape(to_stored, abstract))
-    params = restore_params_only(self.checkpoint_dir, saved, step=step)
-    params = scan_to_loop(params) if stored_scanned else loop_to_scan(params)
-    return jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), params, abstract)
 
   def restore_subtree(self, abstract: Params, name: str, *, step: int | None = None) -> Params:
     """The params saved under `name` (e.g. a head: "mlm_head") into `abstract`, of `step`
@@ -202,7 +172,7 @@ class RunDir:
         raise
       except Exception as e:  # orbax / tensorstore raise many types for damaged files
         failures.append((candidate, e.reason if isinstance(e, UnrestorableStep)
-                         else _first_line(e)))
+                         else first_line(e)))
         continue
       if failures:
         log.warning("%s; using step %d", self._unrestorable(failures), candidate)
@@ -256,15 +226,14 @@ class RunDir:
     return len(rows) - len(kept)
 
   # -- creating one
-  def write_encoder(self, cfg: EncoderConfig, params: Params, tokenizer=None) -> "RunDir":
-    """Saves params (Encoder or {"encoder", "mlm_head"}) and cfg as step 0, plus the
-    tokenizer files: what `init_from` and probing read. Refuses a non-empty checkpoints/."""
+  def write_params(self, params: Params, config: dict[str, Any], tokenizer=None) -> "RunDir":
+    """Saves the state {"params": params} and `config` as step 0, plus the tokenizer
+    files: a run made from weights alone (a converted checkpoint; the model side's
+    restore_targets.write_encoder). Refuses a non-empty checkpoints/."""
     if self.checkpoint_dir.exists() and any(self.checkpoint_dir.iterdir()):
       raise FileExistsError(f"{self.checkpoint_dir}: not empty; choose a new directory")
-    params = nn.meta.unbox(params)
-    state = {"params": params if ENCODER in params else {ENCODER: params}}
     with self.checkpointer(save_interval_steps=1, max_to_keep=None, async_save=False) as ckpt:
-      ckpt.save(0, state, config={"model": cfg.to_dict()}, force=True)
+      ckpt.save(0, {"params": params}, config=config, force=True)
       ckpt.wait()
     if tokenizer is not None:
       run_record.write(self.path, {"tokenizer": {"files": run_record.save_tokenizer(
@@ -311,7 +280,3 @@ def _warn_damaged(path, damaged: list[tuple[int, str, str]], fate: str) -> None:
   log.warning("%s:%d: damaged metrics line (%s)%s; %s", path, number, why,
               also if others else "", fate)
 
-
-def _is_scanned(params: Params) -> bool:
-  paths = [p for p, _ in jax.tree_util.tree_leaves_with_path(params)]
-  return any(in_scanned_stack(p) for p in paths)

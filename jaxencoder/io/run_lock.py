@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
-from jaxencoder import cli
+from jaxencoder.errors import UserError
 from jaxencoder.io.paths import as_path, is_url, make_dirs
 
 LOCK = "lock.json"
@@ -35,7 +35,7 @@ SKEW_S = 60.0  # a heartbeat further ahead of this host's clock: the two clocks 
 log = logging.getLogger("jaxencoder")
 
 
-class RunDirLockedError(cli.UserError):
+class RunDirLockedError(UserError):
   """Another trainer holds the run directory."""
 
 

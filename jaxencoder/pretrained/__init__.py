@@ -4,7 +4,7 @@
   save(OUT_DIR, cfg, params, tokenizer)              # from_pretrained reads it
   vectors_NxD = embed(["a sentence", ...], HF_DIR)   # as sentence-transformers
 
-`load` dispatches on config.json's model_type, `save` on cfg.family (FAMILIES):
+`load` dispatches on config.json's model_type, `save` on cfg.family (FAMILY_MODULES):
 bert (BertModel, BertForMaskedLM), roberta (RobertaModel, RobertaForMaskedLM;
 positions offset past the pad id, byte-level BPE tokenizer), distilbert
 (DistilBertModel, DistilBertForMaskedLM), electra (ElectraModel; ElectraForPreTraining
@@ -21,6 +21,6 @@ from jaxencoder._lazy import lazy_exports
 # loads no JAX.
 _MODULE_OF = {"load": "hf_checkpoint", "save": "hf_checkpoint", "embed": "sentences",
               "encoder_params": "hf_checkpoint", "params_from_tensors": "hf_checkpoint",
-              "tensors_from_params": "hf_checkpoint", "FAMILIES": "hf_checkpoint"}
+              "tensors_from_params": "hf_checkpoint", "FAMILY_MODULES": "hf_checkpoint"}
 __all__ = list(_MODULE_OF)
 __getattr__, __dir__ = lazy_exports(__name__, _MODULE_OF, globals())

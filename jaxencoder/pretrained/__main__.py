@@ -1,7 +1,7 @@
 """Converts checkpoints: jaxencoder-convert --from SRC --to DST (or python -m jaxencoder.pretrained convert).
 
 SRC a Hugging Face directory (config.json + model.safetensors; model_type bert,
-roberta, distilbert or electra, or another family in hf_checkpoint.FAMILIES): DST
+roberta, distilbert or electra, or another family in hf_checkpoint.FAMILY_MODULES): DST
 becomes a jaxencoder run directory that `train.py --config.init_from=DST` and
 `jaxencoder-probe --checkpoint DST` read (architecture and family included).
 SRC a jaxencoder run directory (written by this command, or a train.py workdir, or

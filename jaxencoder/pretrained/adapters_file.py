@@ -13,7 +13,7 @@ from safetensors.numpy import save_file
 
 from jaxencoder import lora
 from jaxencoder.config import EncoderConfig
-from jaxencoder.restore_targets import encoder_params
+from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
 
 ADAPTERS_FILE = "adapters.safetensors"
 
@@ -22,8 +22,8 @@ def write_adapters(run, path: pathlib.Path) -> str:
   """A LoRA run's adapters as one safetensors file: '/'-joined paths in the Encoder's
   params (e.g. "layers_0/attention/query/lora_a") -> float32 arrays; its metadata "model"
   holds the run's EncoderConfig as JSON (lora_* fields included)."""
-  cfg = run.model_config()
-  adapters = lora.split(run.restore_encoder(encoder_params(cfg)))[1]
+  cfg = stored_config(run)
+  adapters = lora.split(restore_encoder(run, encoder_params(cfg)))[1]
   path_str = lambda p: jax.tree_util.keystr(p, simple=True, separator="/")
   tensors = {path_str(p): np.asarray(x, np.float32)  # float32: small, and any reader's
              for p, x in jax.tree_util.tree_leaves_with_path(adapters)}

@@ -19,7 +19,8 @@ from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import hf_checkpoint
 from jaxencoder.pretrained.adapters_file import ADAPTERS_FILE, write_adapters
 from jaxencoder.pretrained.electra_names import DISCRIMINATOR_HEAD
-from jaxencoder.restore_targets import abstract_params, encoder_params
+from jaxencoder.restore_targets import (abstract_params, encoder_params, restore_encoder,
+                                        stored_config, write_encoder)
 from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
 
 TOOL = "jaxencoder-convert"  # named in the marker of what it writes (io.outputs)
@@ -87,11 +88,11 @@ def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict,
     cfg, params, tokenizer = hf_checkpoint.load(source, scan_layers=scan_layers, **resize)
     if tokenizer is not None:
       hf_checkpoint.check_tokenizer(source, cfg, tokenizer, f"{source}'s tokenizer")
-    run = RunDir(target).write_encoder(cfg, params, tokenizer)
+    run = write_encoder(RunDir(target), cfg, params, tokenizer)
     return (f"wrote jaxencoder checkpoint {run.checkpoint_dir}; fine-tune with "
             f"--config.init_from={target} ({_what_comes_along(cfg, tokenizer, source)})")
   run = RunDir.open(source)
-  if lora_out and not run.model_config().lora_rank:
+  if lora_out and not stored_config(run).lora_rank:
     raise ValueError(f"--{lora_out}: {source} was not trained with LoRA (model.lora_rank 0)")
   if lora_out == "adapters_only":
     return write_adapters(run, target / ADAPTERS_FILE)
@@ -106,7 +107,7 @@ def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict,
   elif cfg.input_kind == "text":
     note = f" without tokenizer files ({source} has none)"
   if lora_out == "merge_lora":
-    run = RunDir(target).write_encoder(cfg, params, tokenizer)
+    run = write_encoder(RunDir(target), cfg, params, tokenizer)
     return (f"wrote jaxencoder checkpoint {run.checkpoint_dir} with the LoRA adapters merged"
             f"{note}")
   hf_checkpoint.save(target, cfg, params, tokenizer)
@@ -134,8 +135,8 @@ def restore_for_export(run, step: int | None = None):
 
 
 def _restore_step_for_export(run, step: int):
-  cfg = run.model_config(step)
-  encoder = run.restore_encoder(encoder_params(cfg), step=step)
+  cfg = stored_config(run, step)
+  encoder = restore_encoder(run, encoder_params(cfg), step=step)
   if cfg.lora_rank:
     encoder, cfg = lora.merge(encoder, cfg), lora.without_adapters(cfg)
   heads = ("mlm_head", DISCRIMINATOR_HEAD) if cfg.family == "electra" else ("mlm_head",)

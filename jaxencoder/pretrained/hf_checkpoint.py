@@ -1,7 +1,7 @@
 """Reading and writing Hugging Face encoder directories (config.json + model.safetensors).
 
 `load` picks the family from config.json's `model_type`, `save` from cfg.family
-(FAMILIES). bert, roberta, distilbert and electra are tables of names
+(FAMILY_MODULES). bert, roberta, distilbert and electra are tables of names
 (`bert_names.Layout`) read and written here; other families' modules bring their own
 `load(path, *, scan_layers, dtype, pooling)` and `save(path, cfg, params, tokenizer)`.
 
@@ -42,7 +42,7 @@ POOLING_MODES = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tok
                  "max": "pooling_mode_max_tokens"}
 # model_type -> the module that reads and writes it (imported when first used). Its
 # `LAYOUT` (a names table), or else its own `load` and `save`.
-FAMILIES = {
+FAMILY_MODULES = {
     "bert": "jaxencoder.pretrained.bert_names",
     "roberta": "jaxencoder.pretrained.roberta_names",
     "distilbert": "jaxencoder.pretrained.distilbert_names",
@@ -55,11 +55,11 @@ Params = dict[str, Any]
 
 def family_module(family: str, where: str = "config.json") -> ModuleType:
   """The module of a family (a model_type); one ValueError naming the supported ones."""
-  if family not in FAMILIES:
-    hint = cli.did_you_mean(family, FAMILIES)
+  if family not in FAMILY_MODULES:
+    hint = cli.did_you_mean(family, FAMILY_MODULES)
     raise ValueError(f"{where}: model_type={family!r} is not supported; "
-                     f"{hint + ' ' if hint else ''}supported: {sorted(FAMILIES)}")
-  return importlib.import_module(FAMILIES[family])
+                     f"{hint + ' ' if hint else ''}supported: {sorted(FAMILY_MODULES)}")
+  return importlib.import_module(FAMILY_MODULES[family])
 
 
 def load(path, *, scan_layers: bool = False, dtype: str = "float32",

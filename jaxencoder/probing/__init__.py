@@ -10,8 +10,8 @@ CLI: python -m jaxencoder.probing --pretrained HF_DIR --data FILE --out DIR
 
 from jaxencoder._lazy import lazy_exports
 
-_MODULES = ("attention_stats", "features", "health", "heads", "images", "load", "mdl",
-            "probes", "report", "representation", "similarity", "store", "study")
+_MODULES = ("attention_stats", "features", "head_importance", "health", "images", "load", "mdl",
+            "probe_report", "probes", "representation", "similarity", "store", "study")
 # Public name -> its module. Modules load on first use (PEP 562), so that the CLI's
 # `--help` (jaxencoder.probing.__main__) loads no JAX.
 _MODULE_OF = {

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxencoder import progress as progress_lib
 from jaxencoder.probing import features as features_lib
-from jaxencoder.probing import images, report, similarity
+from jaxencoder.probing import images, probe_report, similarity
 from jaxencoder.probing.study import StudyOptions, model_summary
 
 GRAM_ROWS = 2048  # items kept for [N, N] kernels: 32 MiB each, one per layer and model
@@ -50,7 +50,7 @@ def run(model_a, model_b, dataset, out_dir, options: StudyOptions = StudyOptions
                                           sources=sources, seed=options.probe.seed)
     rep["plots"] = [str(p) for p in _plots(rep["similarity"], out_dir)]
   rep["seconds"] = time.time() - started
-  report.write_json(rep, out_dir / "report.json")
+  probe_report.write_json(rep, out_dir / "report.json")
   return rep
 
 
@@ -179,7 +179,7 @@ def _plots(sim: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
 def plot_cka(values_AxB, path, title: str, rows_name: str, columns_name: str
              ) -> pathlib.Path:
   """A layer x layer heat map on the 0..1 scale, each cell's value written in it."""
-  plt = report._pyplot()
+  plt = probe_report.pyplot()
   values_AxB = np.asarray(values_AxB, np.float64)
   rows, columns = values_AxB.shape
   fig, ax = plt.subplots(figsize=(0.6 * columns + 2.5, 0.5 * rows + 1.8))
@@ -192,7 +192,7 @@ def plot_cka(values_AxB, path, title: str, rows_name: str, columns_name: str
          ylabel=f"layer of {rows_name}\n(0 = embeddings)", title=title,
          xticks=range(columns), yticks=range(rows))
   fig.colorbar(image, ax=ax, label="CKA")
-  return report._save(fig, path)
+  return probe_report.save_figure(fig, path)
 
 
 def _short(source: str, width: int = 28) -> str:

@@ -25,7 +25,7 @@ from jaxencoder import progress as progress_lib
 from jaxencoder.config import EncoderConfig
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features as features_lib
-from jaxencoder.probing import probes, report
+from jaxencoder.probing import probe_report, probes
 
 
 def parse_steps(text: str, kept: Sequence[int]) -> list[int]:
@@ -76,17 +76,17 @@ def run_steps(workdir, steps: str, cfg: EncoderConfig, tokenizer,
   rep["steps_study"] = {"steps": chosen, "compiles": extractor.traces,
                         "seconds": time.time() - started}
   rep["plots"] = rep["plots"] + [str(p) for p in _plots(entries, rep, out_dir)]
-  report.write_json(rep, out_dir / "report.json")
+  probe_report.write_json(rep, out_dir / "report.json")
   return rep
 
 
 def restore_step(run: RunDir, step: int, cfg: EncoderConfig):
   """The encoder params of `step`, resized as `cfg` (the newest step's, as loaded) is."""
   from jaxencoder.pretrained.hf_checkpoint import resize_on_load
-  from jaxencoder.restore_targets import encoder_params
-  stored = run.model_config(step)
-  step_cfg, params = resize_on_load(stored, run.restore_encoder(encoder_params(stored),
-                                                                step=step),
+  from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
+  stored = stored_config(run, step)
+  step_cfg, params = resize_on_load(stored, restore_encoder(run, encoder_params(stored),
+                                                            step=step),
                                     max_len=cfg.max_len)
   if step_cfg != cfg:
     raise ValueError(f"{run.path}: step {step} holds another model than the newest step; "
@@ -123,7 +123,7 @@ def _grid(entries: Sequence[Mapping], key: str) -> np.ndarray | None:
 
 def plot_steps_heatmap(entries: Sequence[Mapping], path):
   """Layer x step heat maps of probe accuracy (and selectivity, given a control task)."""
-  plt = report._pyplot()
+  plt = probe_report.pyplot()
   panels = [(k, g) for k in ("accuracy", "selectivity")
             if (g := _grid(entries, k)) is not None]
   steps = [e["step"] for e in entries]
@@ -141,13 +141,13 @@ def plot_steps_heatmap(entries: Sequence[Mapping], path):
     ax.set_xticklabels([str(t) for t in steps], rotation=90 if s > 8 else 0)
     fig.colorbar(image, ax=ax)
   axes[0][0].set_ylabel("layer (0 = embeddings)")
-  return report._save(fig, path)
+  return probe_report.save_figure(fig, path)
 
 
 def plot_steps_curves(entries: Sequence[Mapping], path, majority: float | None = None):
   """Probe accuracy (and selectivity) against the training step, one line per layer."""
   from matplotlib.ticker import MaxNLocator
-  plt = report._pyplot()
+  plt = probe_report.pyplot()
   panels = [(k, g) for k in ("accuracy", "selectivity")
             if (g := _grid(entries, k)) is not None]
   steps = [e["step"] for e in entries]
@@ -165,4 +165,4 @@ def plot_steps_curves(entries: Sequence[Mapping], path, majority: float | None =
   handles, labels = axes[0][0].get_legend_handles_labels()  # the majority line too
   axes[0][-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                      borderaxespad=0.0)
-  return report._save(fig, path)
+  return probe_report.save_figure(fig, path)

@@ -1,5 +1,5 @@
 """The head study of `jaxencoder-probe --heads`: which heads a probe of the last layer
-needs (jaxencoder.probing.heads on a real model).
+needs (jaxencoder.probing.head_importance on a real model).
 
 A linear probe is fit on the last layer's features of the train split (all heads on).
 The loss is that probe's mean cross-entropy on the items of up to `sentences` test-split
@@ -22,7 +22,7 @@ from jaxencoder import progress as progress_lib
 from jaxencoder.config import EncoderConfig
 from jaxencoder.encoder import Encoder
 from jaxencoder.probing import features as features_lib
-from jaxencoder.probing import heads, probes
+from jaxencoder.probing import head_importance, probes
 
 
 def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset,
@@ -46,11 +46,12 @@ def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset,
                      min(max_length, cfg.max_positions))
   scorer = _Scorer(cfg, params, probe_params, mean_D, std_D, batches)
   base_loss, base_accuracy = scorer.loss_and_accuracy(np.ones(_shape(cfg), np.float32))
-  importance_NxH, _ = heads.masking_importance(scorer.loss, *_shape(cfg), progress=progress)
+  importance_NxH, _ = head_importance.masking_importance(scorer.loss, *_shape(cfg),
+                                                        progress=progress)
   with progress_lib.phase("head gradients", enabled=progress):
-    gradient_NxH = heads.gradient_importance(scorer.gradients())
-  curve = heads.pruning_curve(scorer.loss, importance_NxH, progress=progress)
-  order = heads.pruning_order(importance_NxH)[::-1]
+    gradient_NxH = head_importance.gradient_importance(scorer.gradients())
+  curve = head_importance.pruning_curve(scorer.loss, importance_NxH, progress=progress)
+  order = head_importance.pruning_order(importance_NxH)[::-1]
   return {"objective": "cross-entropy of a linear probe on the last layer, test-split items",
           "sentences": int(len(chosen)), "items": int(sum(b["count"] for b in batches)),
           "base_loss": base_loss, "base_accuracy": base_accuracy,

@@ -10,7 +10,7 @@ from jaxencoder.data import readers
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained.hf_checkpoint import check_tokenizer, resize_on_load
 from jaxencoder.probing import features, images
-from jaxencoder.restore_targets import stored_encoder
+from jaxencoder.restore_targets import stored_config, stored_encoder
 from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
 
 
@@ -20,7 +20,7 @@ def load_checkpoint(workdir, tokenizer_path: str | None = None, **resize):
   encoders. `resize`: max_len / image_size, as `pretrained.load`."""
   run = RunDir.open(workdir)
   step, stored_params = run.newest_restorable(lambda s: stored_encoder(run, step=s))
-  cfg, params = resize_on_load(run.model_config(step), stored_params, **resize)
+  cfg, params = resize_on_load(stored_config(run, step), stored_params, **resize)
   if cfg.input_kind == "image":
     return cfg, params, None
   vocab = run_tokenizer(run, tokenizer_path, fix="pass --tokenizer")

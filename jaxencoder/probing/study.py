@@ -20,7 +20,8 @@ from jaxencoder import progress as progress_lib
 from jaxencoder.config import EncoderConfig
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features as features_lib
-from jaxencoder.probing import head_study, health, images, mdl, probes, report, representation
+from jaxencoder.probing import (head_study, health, images, mdl, probe_report, probes,
+                                representation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +85,7 @@ def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, ou
   with progress_lib.phase("attention maps and plots", enabled=options.progress):
     rep["plots"] = _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options)
   rep["seconds"] = time.time() - started
-  report.write_json(rep, out_dir / "report.json")
+  probe_report.write_json(rep, out_dir / "report.json")
   return rep
 
 
@@ -160,28 +161,28 @@ def _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options) -> lis
   paths = []
   for kind, result in rep["probes"].items():
     if kind == "mdl":
-      paths.append(report.plot_mdl(result, out_dir / "probe_mdl.png"))
+      paths.append(probe_report.plot_mdl(result, out_dir / "probe_mdl.png"))
       continue
-    paths.append(report.plot_probe_accuracy(result, out_dir / f"probe_{kind}.png",
-                                            f"{kind} probe accuracy by layer"))
+    paths.append(probe_report.plot_probe_accuracy(result, out_dir / f"probe_{kind}.png",
+                                                  f"{kind} probe accuracy by layer"))
   if "heads" in rep:
-    paths.append(report.plot_head_heatmap(np.array(rep["heads"]["importance"]),
-                                          out_dir / "head_importance.png",
-                                          "loss increase when the head alone is dropped",
-                                          fmt=".3f"))
-    paths.append(report.plot_pruning(rep["heads"]["pruning"], out_dir / "head_pruning.png"))
-  paths.append(report.plot_cosine_by_layer(rep["representation"], out_dir / "cosine.png"))
+    paths.append(probe_report.plot_head_heatmap(np.array(rep["heads"]["importance"]),
+                                                out_dir / "head_importance.png",
+                                                "loss increase when the head alone is dropped",
+                                                fmt=".3f"))
+    paths.append(probe_report.plot_pruning(rep["heads"]["pruning"], out_dir / "head_pruning.png"))
+  paths.append(probe_report.plot_cosine_by_layer(rep["representation"], out_dir / "cosine.png"))
   if feats.attention is not None:
-    paths.append(report.plot_head_heatmap(feats.attention["entropy"],
-                                          out_dir / "attention_entropy.png"))
+    paths.append(probe_report.plot_head_heatmap(feats.attention["entropy"],
+                                                out_dir / "attention_entropy.png"))
   if feats.attention is not None and dataset.level != "image":
     sentence = options.attention_sentence or dataset.sentences[0]
     tokens, probs_NxHxTxT = features_lib.sentence_attention(cfg, params, tokenizer, sentence)
-    paths.append(report.plot_attention_maps(tokens, probs_NxHxTxT,
-                                            out_dir / "attention_maps.png"))
+    paths.append(probe_report.plot_attention_maps(tokens, probs_NxHxTxT,
+                                                  out_dir / "attention_maps.png"))
     layer, head = np.unravel_index(np.argmin(feats.attention["entropy"]),
                                    feats.attention["entropy"].shape)
-    paths.append(report.plot_attention_map(
+    paths.append(probe_report.plot_attention_map(
         tokens, probs_NxHxTxT[layer, head], out_dir / "attention_head.png",
         f"lowest-entropy head: layer {layer + 1}, head {head}"))
   return [str(p) for p in paths]

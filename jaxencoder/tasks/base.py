@@ -56,7 +56,7 @@ class Family:
   """Everything about one family of tasks: its names, config options, model and loss,
   summary, metric directions, input pipeline, batch shapes and predictions.
 
-  A new task is a subclass in its own module and one line in `registry.FAMILIES`.
+  A new task is a subclass in its own module and one line in `registry.TASK_FAMILIES`.
   `name` below is always the resolved task name (`resolve`).
   """
   names: tuple[str, ...] = ()

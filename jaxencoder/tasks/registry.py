@@ -1,5 +1,5 @@
 """The task registry: task name -> the Family that owns it. Everything outside
-jaxencoder/tasks/ asks here; adding a task is one module and one line in FAMILIES."""
+jaxencoder/tasks/ asks here; adding a task is one module and one line in TASK_FAMILIES."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from jaxencoder.tasks import (classification, contrastive, masked_lm, regression
                               replaced_tokens, seq2seq, span)
 from jaxencoder.tasks.base import Family, Task
 
-FAMILIES: list[Family] = [
+TASK_FAMILIES: list[Family] = [
     masked_lm.FAMILY,
     replaced_tokens.FAMILY,
     classification.FAMILY,
@@ -27,15 +27,15 @@ def register(family: Family) -> None:
   taken = sorted(set(family.names) & set(task_names()))
   if taken:
     raise ValueError(f"task names {taken} are already registered")
-  FAMILIES.append(family)
+  TASK_FAMILIES.append(family)
 
 
 def task_names() -> tuple[str, ...]:
-  return tuple(name for family in FAMILIES for name in family.names)
+  return tuple(name for family in TASK_FAMILIES for name in family.names)
 
 
 def family_of(name: str) -> Family:
-  for family in FAMILIES:
+  for family in TASK_FAMILIES:
     if name in family.names:
       return family
   raise ValueError(f"task={name!r} is not one of {task_names()}")
@@ -45,7 +45,7 @@ def resolve(config) -> str:
   """The task a config builds: config.task with its family's options folded in (task mlm
   + sentence_pair sop -> mlm_sop). `config`: a ConfigDict or a run's stored config dict."""
   family = family_of(config["task"])
-  for other in FAMILIES:
+  for other in TASK_FAMILIES:
     for key in other.exclusive if other is not family else ():
       if _as_tuple(config.get(key, other.options[key])) != _as_tuple(other.options[key]):
         raise ValueError(f"{key}={config[key]!r} is an option of task "
@@ -68,7 +68,7 @@ def options() -> dict[str, Any]:
   """Every family's config options with their defaults (a key two families share must
   have one default)."""
   merged: dict[str, Any] = {}
-  for family in FAMILIES:
+  for family in TASK_FAMILIES:
     for key, value in family.options.items():
       if key in merged and merged[key] != value:
         raise ValueError(f"task option {key!r} has two defaults: {merged[key]!r}, {value!r}")
@@ -92,4 +92,4 @@ def task_from_config(config, cfg: EncoderConfig, *, num_classes: int) -> Task:
 
 def record_tasks() -> tuple[str, ...]:
   """The tasks that read data.kind text_records."""
-  return tuple(name for family in FAMILIES for name in family.record_columns)
+  return tuple(name for family in TASK_FAMILIES for name in family.record_columns)

@@ -16,6 +16,7 @@ import ml_collections
 from jaxencoder.config import EncoderConfig
 from jaxencoder.data import kinds
 from jaxencoder.pretrained.named_checkpoints import NAMED_CHECKPOINTS  # init_from's: minilm
+from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
 from jaxencoder.train.config import finalize
 
 log = logging.getLogger("jaxencoder")
@@ -48,7 +49,7 @@ def adopt(config: ml_collections.ConfigDict) -> list[str]:
     changes.append(f"init_from: {config.init_from} -> {run_dir}")
     config.init_from = run_dir
   source = RunDir.open(config.init_from)
-  stored = source.model_config().to_dict()
+  stored = stored_config(source).to_dict()
   keep = set(EncoderConfig.runtime_fields()) | set(config.model_overrides)
   for name, value in stored.items():
     current = config.model[name]
@@ -76,12 +77,11 @@ def restore_base(source, abstract):
   import jax
   from jaxencoder import lora
   from jaxencoder.encoder import SCANNED_LAYERS
-  from jaxencoder.restore_targets import encoder_params
   from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
-  cfg = source.model_config()
+  cfg = stored_config(source)
   if not cfg.lora_rank:
-    return source.restore_encoder(abstract)
-  merged = lora.merge(source.restore_encoder(encoder_params(cfg)), cfg)  # its stored layout
+    return restore_encoder(source, abstract)
+  merged = lora.merge(restore_encoder(source, encoder_params(cfg)), cfg)  # its stored layout
   if cfg.scan_layers != (SCANNED_LAYERS in abstract):
     merged = scan_to_loop(merged) if cfg.scan_layers else loop_to_scan(merged)
   return jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), merged, abstract)

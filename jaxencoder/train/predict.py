@@ -41,6 +41,7 @@ import numpy as np
 
 from jaxencoder import cli
 from jaxencoder import progress as progress_lib
+from jaxencoder.errors import first_line
 
 if TYPE_CHECKING:  # the model side loads on use: `--help` imports no JAX or Flax
   import flax.linen as nn
@@ -99,7 +100,6 @@ def load(run_path, step: int | None = None) -> Predictor:
 def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
   """(Predictor without its tokenizer, config) of `step`, or of the newest step that
   restores; else a ValueError naming each step tried and why."""
-  from jaxencoder.io.checkpoint import _first_line
   saved = ", ".join(map(str, run.steps()))
   if step is not None and step not in run.steps():
     raise FileNotFoundError(f"{run.checkpoint_dir}: no step {step}; saved steps: {saved}")
@@ -110,10 +110,10 @@ def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
     except UnsupportedRun:
       raise
     except Exception as e:  # orbax / tensorstore raise many types for damaged files
-      failures.append(f"step {candidate}: {_first_line(e)}")
+      failures.append(f"step {candidate}: {first_line(e)}")
       if step is None:
         log.warning("checkpoint step %d in %s cannot be restored (%s); trying an older step",
-                    candidate, run.checkpoint_dir, _first_line(e))
+                    candidate, run.checkpoint_dir, first_line(e))
       continue
     if failures:
       log.warning("predicting with step %d, the newest that restores", candidate)
@@ -137,7 +137,7 @@ def _restore_step(run: RunDir, run_path, step: int) -> tuple[Predictor, dict]:
   names, stored = _label_names(run, config)
   task_name, family = registry.owner(config)
   if task_name not in family.predicts:
-    supported = [n for f in registry.FAMILIES for n in f.predicts]
+    supported = [n for f in registry.TASK_FAMILIES for n in f.predicts]
     raise UnsupportedRun(f"{run_path}: predict does not support task {task_name!r} "
                          f"(supported: {', '.join(supported)})")
   task = registry.task_from_config(config, cfg, num_classes=len(names) if names
@@ -268,7 +268,7 @@ def _nan_rows(values_KxC: np.ndarray, blank_N: np.ndarray) -> np.ndarray:
 
 def _no_scores(task: str) -> str:
   from jaxencoder.tasks import registry
-  scored = [name for family in registry.FAMILIES for name in family.scored]
+  scored = [name for family in registry.TASK_FAMILIES for name in family.scored]
   return (f"--scores: a {task!r} run has no per-class scores (its prediction is the whole "
           f"output); scores come with {', '.join(scored)} runs")
 

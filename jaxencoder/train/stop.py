@@ -25,7 +25,8 @@ import sys
 import jax
 from jax.experimental import multihost_utils
 
-from jaxencoder.io.checkpoint import OutOfSpace, is_out_of_space
+from jaxencoder.errors import is_out_of_space
+from jaxencoder.io.checkpoint import OutOfSpace
 
 EXIT_PREEMPTED = 75
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C

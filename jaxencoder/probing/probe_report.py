@@ -1,4 +1,5 @@
-"""The probing report: one JSON file and PNG plots (matplotlib, Agg backend) in a directory."""
+"""The probing report (jaxencoder-probe's): one JSON file and PNG plots (matplotlib, Agg
+backend) in a directory."""
 
 from __future__ import annotations
 
@@ -32,30 +33,32 @@ def write_json(report: Mapping, path) -> pathlib.Path:
   return path
 
 
-def _pyplot():
+def pyplot():
+  """matplotlib.pyplot on the Agg backend (files only, no display)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   return plt
 
 
-def _save(fig, path) -> pathlib.Path:
+def save_figure(fig, path) -> pathlib.Path:
+  """Writes `fig` to `path` (PNG, tight bounding box) and closes it."""
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=110, bbox_inches="tight")
-  _pyplot().close(fig)
+  pyplot().close(fig)
   return path
 
 
 def _legend_outside(ax) -> None:
   """The legend right of the axes, where it covers no line or bar (saved with the figure:
-  `_save` uses a tight bounding box)."""
+  `save_figure` uses a tight bounding box)."""
   ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
 def plot_probe_accuracy(probe: Mapping, path, title: str = "probe accuracy by layer"):
   """Task and control accuracy per layer, majority baseline, selectivity bars."""
-  plt = _pyplot()
+  plt = pyplot()
   layers = [r["layer"] for r in probe["layers"]]
   fig, ax = plt.subplots(figsize=(6, 4))
   ax.plot(layers, [r["accuracy"] for r in probe["layers"]], "o-", label="task")
@@ -69,13 +72,13 @@ def plot_probe_accuracy(probe: Mapping, path, title: str = "probe accuracy by la
   ax.set(xlabel="layer (0 = embeddings)", ylabel="accuracy", ylim=(low, 1), title=title,
          xticks=layers)
   _legend_outside(ax)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def plot_head_heatmap(values_NxH: np.ndarray, path, title: str = "attention entropy (nats)",
                       fmt: str = ".2f"):
   """A layer x head heat map with the value written in each cell (format `fmt`)."""
-  plt = _pyplot()
+  plt = pyplot()
   values_NxH = np.asarray(values_NxH)
   n, h = values_NxH.shape
   fig, ax = plt.subplots(figsize=(max(4, 0.55 * h + 2), max(3, 0.45 * n + 1.5)))
@@ -87,12 +90,12 @@ def plot_head_heatmap(values_NxH: np.ndarray, path, title: str = "attention entr
   ax.set(xlabel="head", ylabel="layer", title=title, xticks=range(h),
          yticks=range(n), yticklabels=[str(i + 1) for i in range(n)])
   fig.colorbar(image, ax=ax)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def plot_cosine_by_layer(health: Sequence[Mapping], path):
   """Mean pairwise cosine per layer with its 5-95% and 25-75% quantile bands."""
-  plt = _pyplot()
+  plt = pyplot()
   layers = [r["layer"] for r in health]
   q = np.array([r["cosine"]["quantiles"] for r in health])
   fig, ax = plt.subplots(figsize=(6, 4))
@@ -102,12 +105,12 @@ def plot_cosine_by_layer(health: Sequence[Mapping], path):
   ax.set(xlabel="layer (0 = embeddings)", ylabel="pairwise cosine", ylim=(-1, 1),
          title="cosine similarity by layer", xticks=layers)
   _legend_outside(ax)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def plot_attention_maps(tokens: Sequence[str], probs_NxHxTxT: np.ndarray, path):
   """A grid of attention maps (rows: layers, columns: heads) for one sentence."""
-  plt = _pyplot()
+  plt = pyplot()
   n, h, t, _ = probs_NxHxTxT.shape
   fig, axes = plt.subplots(n, h, figsize=(1.6 * h + 1, 1.6 * n + 1), squeeze=False)
   for i in range(n):
@@ -121,24 +124,24 @@ def plot_attention_maps(tokens: Sequence[str], probs_NxHxTxT: np.ndarray, path):
       if j == 0:
         ax.set_ylabel(f"layer {i + 1}", fontsize=7)
   fig.suptitle("attention: " + " ".join(tokens)[:150], fontsize=8)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def plot_attention_map(tokens: Sequence[str], probs_TxT: np.ndarray, path, title: str = ""):
   """One attention map, with the tokens on both axes (query rows, key columns)."""
-  plt = _pyplot()
+  plt = pyplot()
   t = len(tokens)
   fig, ax = plt.subplots(figsize=(0.3 * t + 2, 0.3 * t + 1.5))
   ax.imshow(probs_TxT, cmap="Blues", vmin=0, vmax=1)
   ax.set_xticks(range(t), tokens, rotation=90, fontsize=7)
   ax.set_yticks(range(t), tokens, fontsize=7)
   ax.set(xlabel="key", ylabel="query", title=title)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def plot_mdl(mdl: Mapping, path):
   """Compression (uniform / online code length) per layer, task and control."""
-  plt = _pyplot()
+  plt = pyplot()
   layers = list(range(len(mdl["layers"])))
   fig, ax = plt.subplots(figsize=(6, 4))
   ax.plot(layers, [r["compression"] for r in mdl["layers"]], "o-", label="task")
@@ -148,15 +151,15 @@ def plot_mdl(mdl: Mapping, path):
   ax.set(xlabel="layer (0 = embeddings)", ylabel="compression (uniform / online bits)",
          title="MDL probe (online code)", xticks=layers)
   _legend_outside(ax)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def plot_pruning(curve: Sequence[Mapping], path):
   """The probe's loss as heads are dropped from least to most important."""
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(6, 4))
   ax.plot([p["pruned"] for p in curve], [p["loss"] for p in curve], "o-")
   ax.set(xlabel="heads dropped (least important first)", ylabel="probe loss (nats)",
          title="pruning curve")
   ax.xaxis.get_major_locator().set_params(integer=True)
-  return _save(fig, path)
+  return save_figure(fig, path)
