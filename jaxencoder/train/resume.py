@@ -81,6 +81,31 @@ class ConfigChangedError(ValueError):
   """Resuming with a model / optimizer / data config other than the run's saved one."""
 
 
+def check_before_restoring(run_dir, config) -> int | None:
+  """Compares the configs saved with a run's steps (JSON only: no array is read) to
+  `config` before anything is restored. The newest step whose config reads decides: its
+  allowed changes warn and its step is returned (the restore need not check it again). When
+  it differs structurally but an older step's config does not (a newer step saved with
+  other settings may be damaged: the restore skips it), the restored step decides: None.
+  When no step's config fits, ConfigChangedError names the newest one's changes."""
+  found = run_dir.steps()
+  newest = newest_config(run_dir)[1]
+  if not newest:
+    return found[-1] if found else None
+  allowed, structural = config_changes(newest, config)
+  if not structural or config.allow_config_change:
+    check_config_unchanged(run_dir, config, newest)
+    return found[-1]
+  for step in reversed(found[:-1]):
+    try:
+      if not config_changes(run_dir.read_config(step), config)[1]:
+        return None  # the restore falls back or not; its step's config is checked then
+    except Exception:  # a damaged step: the restore reports it
+      continue
+  check_config_unchanged(run_dir, config, newest)  # raises, naming the changes
+  return None
+
+
 def newest_config(run_dir) -> tuple[int | None, dict | None]:
   """(newest step, the config of the newest step whose config reads) of a run directory;
   (None, None) when it holds no step. JSON only: no array is read."""
