@@ -134,7 +134,8 @@ class AttentionInputs:
   key_mask_BxL: jax.Array
   positions_BxL: jax.Array | None
   segment_ids_BxL: jax.Array | None  # packed rows (0 = padding); None when not packed
-  plan: Any = flax.struct.field(pytree_node=False)  # flash.AttentionPlan (flash imports us)
+  # A flash.AttentionPlan (not imported: flash imports this module's kernels).
+  plan: Any = flax.struct.field(pytree_node=False)
   # Whether this is a local layer (cfg.global_attention_every > 0: window, local RoPE
   # base; the mask already says which): None, a bool, or traced (a plain scan).
   local: Any = None
