@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 from jaxencoder import EncoderConfig  # noqa: E402
-from jaxencoder.attention import MultiHeadAttention  # noqa: E402
+from jaxencoder.attention import AttentionInputs, MultiHeadAttention  # noqa: E402
+from jaxencoder.flash import plan_attention  # noqa: E402
 from jaxencoder.masks import make_attention_mask  # noqa: E402
 
 IMPLS = ("xla", "fused", "linear", "sliding")
@@ -38,17 +39,19 @@ def layer_step(impl: str, seq_len: int, dim: int, heads: int, window: int, batch
                       sliding_window=window if impl == "sliding" else None,
                       position_embedding="none", dropout_rate=0.0, attention_dropout_rate=0.0)
   mha = MultiHeadAttention(cfg)
+  plan = plan_attention(cfg)
   x_BxLxD = jax.random.normal(jax.random.key(0), (batch, seq_len, dim), jnp.float32)
   key_mask_BxL = jnp.ones((batch, seq_len), jnp.int32)
 
   def apply(params, x, key_mask):
     mask = None if impl == "linear" else make_attention_mask(
         key_mask, sliding_window=cfg.sliding_window)
-    out, _ = mha.apply({"params": params}, x, mask, None, key_mask, None, deterministic=True)
+    inputs = AttentionInputs(mask, None, key_mask, None, None, plan)
+    out, _ = mha.apply({"params": params}, x, inputs, deterministic=True)
     return jnp.sum(out ** 2)
 
-  params = nn.meta.unbox(mha.init(jax.random.key(1), x_BxLxD, None, None, key_mask_BxL, None,
-                                  deterministic=True)["params"])
+  inputs = AttentionInputs(None, None, key_mask_BxL, None, None, plan)
+  params = nn.meta.unbox(mha.init(jax.random.key(1), x_BxLxD, inputs, deterministic=True)["params"])
   grad = jax.jit(jax.value_and_grad(apply, argnums=(0, 1)))
   args = (params, x_BxLxD, key_mask_BxL)
   start = time.perf_counter()

@@ -1,5 +1,6 @@
 """The decoder (causal self-attention, cross-attention to an encoder's outputs, feed-forward),
-the encoder-decoder model, and greedy decoding with a fixed-shape key / value cache."""
+the encoder-decoder model, and greedy decoding with a fixed-shape key / value cache (kept by
+the decoder's self-attention)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.attention import MultiHeadAttention
+from jaxencoder.attention import AttentionLayer, KernelCall
 from jaxencoder.config import EncoderConfig
 from jaxencoder.embeddings import Embeddings
 from jaxencoder.encoder import (EMBEDDINGS, SCANNED_LAYERS, Encoder, block_class, layer_name,
@@ -20,7 +21,7 @@ from jaxencoder.flash import AttentionPlan, plan_attention
 from jaxencoder.heads import MlmHead
 from jaxencoder.layers import constrain, norm
 from jaxencoder.masks import make_attention_mask, make_cache_mask
-from jaxencoder.positions import RelativePositionBias
+from jaxencoder.positions import RelativePositionBias, apply_rope
 
 DECODER = "decoder"  # where EncoderDecoder holds the Decoder (the Encoder: encoder.ENCODER)
 LM_HEAD = "lm_head"  # the Decoder's output head, tied to its token embedding
@@ -56,6 +57,67 @@ class DecoderInputs:
     return self.memory_key_mask_BxS.astype(bool)[:, None, None, :]
 
 
+class DecoderSelfAttention(AttentionLayer):
+  """Causal self-attention over the decoder's tokens, run by the kernel `inputs.attention`
+  names. Decoding (`inputs.decode`), keys and values go through a fixed-shape cache
+  (`_cached`) and the mask covers its rows; only `xla` and `fused` serve that."""
+
+  @nn.compact
+  def __call__(self, x_BxTxD, inputs: DecoderInputs):
+    cfg, plan, det = self.cfg, inputs.attention, inputs.deterministic
+    if inputs.decode and not plan.needs_dense_mask:
+      raise ValueError(f"cached decoding runs 'xla' or 'fused', not {plan.impl!r}")
+    q_BxTxHxK = self.heads("query", x_BxTxD, det)
+    k_BxTxHxK = self.heads("key", x_BxTxD, det)
+    v_BxTxHxK = self.heads("value", x_BxTxD, det)
+    if cfg.position_embedding == "rope":  # no local layers here: rope_base everywhere
+      rope = lambda x_BxTxHxK: apply_rope(x_BxTxHxK, inputs.positions_BxT, cfg.rope_base,
+                                          cfg.rope_scaling)
+      q_BxTxHxK, k_BxTxHxK = rope(q_BxTxHxK), rope(k_BxTxHxK)
+    if inputs.decode:  # keys and values: the cache's M rows
+      k_BxTxHxK, v_BxTxHxK = self._cached(k_BxTxHxK, v_BxTxHxK, inputs.cache_index)
+    call = KernelCall(inputs.mask_Bx1xTxT, inputs.bias_BxHxTxT, inputs.key_mask_BxT, cfg.causal,
+                      cfg.sliding_window, self.weights_dropout(det), interpret=plan.interpret)
+    out_BxTxHxK, _ = plan.kernel(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, call)
+    return self.merge_heads(out_BxTxHxK, det)
+
+  def _cached(self, k_BxTxHxK, v_BxTxHxK, cache_index):
+    """Decoding: keys and values in a fixed-shape cache [B, S, H, K] ('cache' collection).
+
+    `cache_index` None: creates it (zeros; S = this call's length) and returns this call's
+    keys and values. Else writes this call's T = 1.. steps at `cache_index` and returns the
+    whole cache: the caller's mask hides the rows not yet written.
+    """
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, k_BxTxHxK.shape, k_BxTxHxK.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, v_BxTxHxK.shape,
+                             v_BxTxHxK.dtype)
+    if cache_index is None:
+      return k_BxTxHxK, v_BxTxHxK
+    at = (0, cache_index, 0, 0)
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BxTxHxK, at)
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BxTxHxK, at)
+    return cached_k.value, cached_v.value
+
+
+class CrossAttention(AttentionLayer):
+  """The decoder reading an encoder's outputs: queries from its tokens [B, T, D], keys and
+  values from `inputs.memory_BxSxD` (padding `memory_key_mask_BxS`, mask [B, 1, 1, S]).
+  No RoPE: the two sequences' positions are not comparable. Only `xla` and `fused` serve it."""
+
+  @nn.compact
+  def __call__(self, x_BxTxD, inputs: DecoderInputs):
+    cfg, plan, det = self.cfg, inputs.cross_attention, inputs.deterministic
+    if not plan.needs_dense_mask:
+      raise ValueError(f"cross-attention runs 'xla' or 'fused', not {plan.impl!r}")
+    q_BxTxHxK = self.heads("query", x_BxTxD, det)
+    k_BxSxHxK = self.heads("key", inputs.memory_BxSxD, det)
+    v_BxSxHxK = self.heads("value", inputs.memory_BxSxD, det)
+    call = KernelCall(inputs.memory_mask_Bx1x1xS, None, inputs.memory_key_mask_BxS,
+                      dropout=self.weights_dropout(det), interpret=plan.interpret)
+    out_BxTxHxK, _ = plan.kernel(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, call)
+    return self.merge_heads(out_BxTxHxK, det)
+
+
 class DecoderBlock(nn.Module):
   """Causal self-attention, cross-attention to the encoder's outputs, feed-forward; each a
   residual sub-layer, post-norm (BERT) or pre-norm as the config says. Returns (x, None)."""
@@ -70,14 +132,8 @@ class DecoderBlock(nn.Module):
       x_BxTxD = x_BxTxD + nn.Dropout(cfg.dropout_rate)(layer(h_BxTxD), deterministic=det)
       return x_BxTxD if pre else norm(cfg, name=f"{name}_norm")(x_BxTxD)
 
-    self_attention = lambda h_BxTxD: MultiHeadAttention(cfg, name="attention")(
-        h_BxTxD, inputs.mask_Bx1xTxT, inputs.bias_BxHxTxT, inputs.key_mask_BxT,
-        inputs.positions_BxT, deterministic=det, plan=inputs.attention,
-        decode=inputs.decode, cache_index=inputs.cache_index)[0]
-    cross_attention = lambda h_BxTxD: MultiHeadAttention(cfg, name="cross_attention")(
-        h_BxTxD, inputs.memory_mask_Bx1x1xS, None, inputs.memory_key_mask_BxS,
-        inputs.positions_BxT, deterministic=det, plan=inputs.cross_attention,
-        kv_BxSxD=inputs.memory_BxSxD)[0]
+    self_attention = lambda h_BxTxD: DecoderSelfAttention(cfg, name="attention")(h_BxTxD, inputs)
+    cross_attention = lambda h_BxTxD: CrossAttention(cfg, name="cross_attention")(h_BxTxD, inputs)
     feed_forward = lambda h_BxTxD: FeedForward(cfg, name="ffn")(h_BxTxD, deterministic=det)
     x_BxTxD = residual(x_BxTxD, "attention", self_attention)
     x_BxTxD = residual(x_BxTxD, "cross_attention", cross_attention)

@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.attention import MultiHeadAttention
+from jaxencoder.attention import AttentionInputs, MultiHeadAttention
 from jaxencoder.config import EncoderConfig, local_layer
 from jaxencoder.embeddings import Embeddings
 from jaxencoder.flash import AttentionPlan, plan_layers
@@ -153,12 +153,11 @@ class EncoderBlock(nn.Module):
     local = local_layer(cfg, index if static is None else static)
     attention = MultiHeadAttention(cfg, name="attention")
     h_BxLxD = self._attention_input(x_BxLxD, index) if pre else x_BxLxD
-    h_BxLxD, probs_BxHxLxL = attention(
-        h_BxLxD, inputs.layer_mask(local), inputs.bias_BxHxLxL, inputs.key_mask_BxL,
-        inputs.positions_BxL, deterministic=inputs.deterministic,
-        output_attentions=inputs.output_attentions, query_rows_BxQ=query_rows_BxQ,
-        segment_ids_BxL=inputs.segment_ids_BxL, plan=inputs.plan(static), local=local,
-        head_mask_H=inputs.layer_head_mask(index))
+    attention_inputs = AttentionInputs(
+        inputs.layer_mask(local), inputs.bias_BxHxLxL, inputs.key_mask_BxL, inputs.positions_BxL,
+        inputs.segment_ids_BxL, inputs.plan(static), local, inputs.layer_head_mask(index))
+    h_BxLxD, probs_BxHxLxL = attention(h_BxLxD, attention_inputs, query_rows_BxQ,
+                                       deterministic=inputs.deterministic)
     if query_rows_BxQ is not None:  # from here on only the Q query rows: [B, Q, D]
       x_BxLxD = take_rows(x_BxLxD, query_rows_BxQ)
     x_BxLxD = x_BxLxD + drop(h_BxLxD)
@@ -171,7 +170,7 @@ class EncoderBlock(nn.Module):
       x_BxLxD = norm(cfg, name="ffn_norm")(x_BxLxD)
     x_BxLxD = constrain(x_BxLxD)
     out = {"hidden_state": x_BxLxD if inputs.output_hidden_states else None,
-           "attention": probs_BxHxLxL}
+           "attention": probs_BxHxLxL if inputs.output_attentions else None}
     return x_BxLxD, out
 
   def _attention_input(self, x_BxLxD, index):

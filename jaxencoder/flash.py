@@ -10,6 +10,8 @@
   go in as segment ids; causal and sliding windows as its static masks, whose fully
   masked blocks it skips. Off TPU it runs in Pallas interpret mode (slow: for tests).
 
+`IMPLEMENTATIONS` holds every implementation once: its kernel (one signature for all,
+`kernel(q, k, v, attention.KernelCall) -> (out, weights or None)`) and what it can serve.
 `plan_attention` picks the implementation for one call from the config, the target (the
 platform of the mesh being compiled for, else the default backend) and what the call
 needs; a kernel that cannot serve the call falls back to `xla` with one logged line that
@@ -34,7 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from jaxencoder.attention import KernelCall, fused_kernel, linear_kernel, xla_kernel
 from jaxencoder.config import EncoderConfig, local_layer
+from jaxencoder.layers import take_rows
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,10 @@ AUTO_KERNEL = {"gpu": "cudnn", "tpu": "splash"}  # backend -> what `auto` runs; 
 SPLASH_BLOCK = 128  # splash's minimum block (one TPU lane width); lengths pad to it
 _explained: set[str] = set()
 _recorders: list[list[tuple["AttentionPlan", ...]]] = []  # open `recorded_plans` blocks
+# An implementation's kernel: q [B, Q, H, K], k and v [B, L, H, K], what else it reads ->
+# (out [B, Q, H, K], the attention weights [B, H, Q, L] or None).
+Kernel = Callable[[jax.Array, jax.Array, jax.Array, KernelCall],
+                  tuple[jax.Array, jax.Array | None]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +65,18 @@ class AttentionPlan:
   def needs_dense_mask(self) -> bool:
     return IMPLEMENTATIONS[self.impl].dense_mask
 
+  @property
+  def kernel(self) -> Kernel:
+    """The implementation's kernel: (q, k, v, KernelCall) -> (out, weights or None)."""
+    return IMPLEMENTATIONS[self.impl].kernel
+
 
 @dataclasses.dataclass(frozen=True)
 class Implementation:
-  """One attention implementation and what it can serve (a call needing more runs xla)."""
+  """One attention implementation: its kernel and what it can serve (a call needing more
+  runs xla)."""
   name: str
+  kernel: Kernel
   dense_mask: bool  # reads a [B, 1, Q, L] mask (else lengths or segment ids)
   weights: bool = False  # returns the attention weights (output_attentions)
   dropout: bool = False  # attention dropout
@@ -88,16 +103,39 @@ def _cudnn_obstacle(cfg: EncoderConfig, backend: str, window: int | None) -> str
   return None
 
 
+def cudnn_kernel(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, call: KernelCall):
+  """`cudnn` (below): padding as key lengths; packed rows as their [B, 1, Q, L] mask."""
+  packed = call.segment_ids_BxL is not None
+  return cudnn_attention(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, call.key_mask_BxL,
+                         causal=call.causal, sliding_window=call.window,
+                         bias_BxHxQxL=call.bias_BxHxQxL,
+                         mask_Bx1xQxL=call.mask_Bx1xQxL if packed else None), None
+
+
+def splash_kernel(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, call: KernelCall):
+  """`splash` (below): padding and packed rows as segment ids, the queries' gathered from
+  their rows."""
+  kv_segments_BxL = padded_segment_ids(call.key_mask_BxL, call.segment_ids_BxL)
+  q_segments_BxQ = kv_segments_BxL
+  if call.query_rows_BxQ is not None:
+    q_segments_BxQ = take_rows(kv_segments_BxL, call.query_rows_BxQ)
+  return splash_attention(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, q_segments_BxQ, kv_segments_BxL,
+                          causal=call.causal, sliding_window=call.window,
+                          interpret=call.interpret), None
+
+
 # Every attention_impl but `auto`, once (tests/test_flash.py holds it to ATTENTION_IMPLS).
+# The kernels of xla, fused and linear are in attention.py.
 IMPLEMENTATIONS = {impl.name: impl for impl in (
-    Implementation("xla", dense_mask=True, weights=True, dropout=True, per_layer_window=True,
-                   cross=True, decode=True, sparse_causal=True),
-    Implementation("fused", dense_mask=True, dropout=True, per_layer_window=True, cross=True,
-                   sparse_causal=True),
-    Implementation("linear", dense_mask=False, dropout=True, bias=False, sparse_causal=True,
-                   same_math=False),
-    Implementation("cudnn", dense_mask=False, backends=("gpu",), check=_cudnn_obstacle),
-    Implementation("splash", dense_mask=False, bias=False, backends=("tpu",)),
+    Implementation("xla", xla_kernel, dense_mask=True, weights=True, dropout=True,
+                   per_layer_window=True, cross=True, decode=True, sparse_causal=True),
+    Implementation("fused", fused_kernel, dense_mask=True, dropout=True, per_layer_window=True,
+                   cross=True, sparse_causal=True),
+    Implementation("linear", linear_kernel, dense_mask=False, dropout=True, bias=False,
+                   sparse_causal=True, same_math=False),
+    Implementation("cudnn", cudnn_kernel, dense_mask=False, backends=("gpu",),
+                   check=_cudnn_obstacle),
+    Implementation("splash", splash_kernel, dense_mask=False, bias=False, backends=("tpu",)),
 )}
 # What a call needs -> the reason a kernel that lacks it cannot serve the call.
 # Each reason names what to change where a config key decides it.
@@ -142,14 +180,26 @@ def max_cudnn_head_dim() -> int:
   return 256 if float(capability) >= 9.0 else 128
 
 
+@dataclasses.dataclass(frozen=True)
+class CallFacts:
+  """What one attention call needs of its kernel: plan_attention's keywords."""
+  output_attentions: bool = False
+  dropout_active: bool = False
+  has_bias: bool = False
+  sparse_queries: bool = False
+  per_layer_window: bool = False
+  cross: bool = False
+  decode: bool = False
+  local: bool | None = None
+
+
 def plan_attention(cfg: EncoderConfig, *, output_attentions: bool = False,
                    dropout_active: bool = False, has_bias: bool = False,
                    sparse_queries: bool = False, per_layer_window: bool = False,
                    cross: bool = False, decode: bool = False, local: bool | None = None,
-                   backend: str | None = None, explain: bool = True) -> AttentionPlan:
+                   backend: str | None = None) -> AttentionPlan:
   """The implementation for one call, decided here once from every fact about it; a
-  requested kernel that cannot serve the call runs xla (`fallback` says why; logged once
-  when `explain`).
+  requested kernel that cannot serve the call runs xla (`fallback` says why; logged once).
 
   `sparse_queries`: queries are a gathered subset of rows (the sparse last block), so
   query i is not key i and a causal / window mask cannot be a kernel's static one.
@@ -158,14 +208,27 @@ def plan_attention(cfg: EncoderConfig, *, output_attentions: bool = False,
   `per_layer_window`: whether the layer is local is traced (a scan over mixed layers).
   """
   backend = backend or target_backend()
+  plan = _choose(cfg, backend, CallFacts(output_attentions, dropout_active, has_bias,
+                                         sparse_queries, per_layer_window, cross, decode, local))
+  if plan.fallback:
+    _explain_once(f"attention_impl={cfg.attention_impl!r}: {plan.wanted} cannot run this call "
+                  f"({plan.fallback}); using xla")
+  if plan.interpret:
+    _explain_once(_interpret_line(cfg, plan, backend))
+  return plan
+
+
+def _choose(cfg: EncoderConfig, backend: str, facts: CallFacts) -> AttentionPlan:
+  """plan_attention's decision, unlogged (plan_layers logs one line per reason)."""
   name = cfg.attention_impl
   if name == "auto":
     name = AUTO_KERNEL.get(backend, "xla")
   impl = IMPLEMENTATIONS[name]
-  window = None if local is False else cfg.sliding_window
-  needs = {"weights": output_attentions, "dropout": dropout_active, "bias": has_bias,
-           "per_layer_window": per_layer_window, "cross": cross, "decode": decode,
-           "sparse_causal": sparse_queries and (cfg.causal or window is not None)}
+  window = None if facts.local is False else cfg.sliding_window
+  needs = {"weights": facts.output_attentions, "dropout": facts.dropout_active,
+           "bias": facts.has_bias, "per_layer_window": facts.per_layer_window,
+           "cross": facts.cross, "decode": facts.decode,
+           "sparse_causal": facts.sparse_queries and (cfg.causal or window is not None)}
   obstacle = next((why for need, why in _NEEDS if needs[need] and not getattr(impl, need)), None)
   if obstacle is None and impl.backends == ("gpu",) and backend != "gpu":
     obstacle = f"there is no GPU (backend {backend!r})"
@@ -174,33 +237,31 @@ def plan_attention(cfg: EncoderConfig, *, output_attentions: bool = False,
   if obstacle and not impl.same_math:  # another model, not a faster softmax: no stand-in
     raise ValueError(f"attention_impl={name!r} cannot serve this call: {obstacle}")
   if obstacle:
-    if explain:
-      _explain_once(f"attention_impl={cfg.attention_impl!r}: {name} cannot run this call "
-                    f"({obstacle}); using xla")
     return AttentionPlan("xla", fallback=obstacle, wanted=name)
   if impl.backends and backend not in impl.backends:  # splash: interpreted elsewhere
-    if explain:
-      _explain_once(f"attention_impl={cfg.attention_impl!r}: {name} on {backend} runs in "
-                    "Pallas interpret mode (slow; meant for tests)")
     return AttentionPlan(name, interpret=True)
   return AttentionPlan(name)
 
 
-def plan_layers(cfg: EncoderConfig, *, sparse_last: bool = False,
+def _interpret_line(cfg: EncoderConfig, plan: AttentionPlan, backend: str) -> str:
+  return (f"attention_impl={cfg.attention_impl!r}: {plan.impl} on {backend} runs in "
+          "Pallas interpret mode (slow; meant for tests)")
+
+
+def plan_layers(cfg: EncoderConfig, *, sparse_last: bool = False, backend: str | None = None,
                 **facts) -> tuple[AttentionPlan, ...]:
   """One plan per layer of an encoder stack: a global layer, a local one (its window) and
   the sparse last block (`sparse_last`: gathered query rows) are each planned for what they
   need, so a layer the kernel cannot serve falls back alone. One logged line per reason
-  names its layers. `facts`: plan_attention's other keywords."""
-  plans = tuple(plan_attention(cfg, local=local_layer(cfg, i), explain=False,
-                               sparse_queries=sparse_last and i == cfg.num_layers - 1, **facts)
-                for i in range(cfg.num_layers))
+  names its layers. `facts`: plan_attention's other keywords (CallFacts)."""
+  backend = backend or target_backend()
+  plans = tuple(_choose(cfg, backend, CallFacts(
+      local=local_layer(cfg, i), sparse_queries=sparse_last and i == cfg.num_layers - 1,
+      **facts)) for i in range(cfg.num_layers))
   for message in fallback_lines(cfg, plans):
     _explain_once(message)
-  if any(p.interpret for p in plans):  # plan_attention's own line, kept once
-    backend = facts.get("backend") or target_backend()
-    _explain_once(f"attention_impl={cfg.attention_impl!r}: splash on {backend} runs in "
-                  "Pallas interpret mode (slow; meant for tests)")
+  if interpreted := next((p for p in plans if p.interpret), None):
+    _explain_once(_interpret_line(cfg, interpreted, backend))
   for recorder in _recorders:
     recorder.append(plans)
   return plans
@@ -286,8 +347,8 @@ def _block(length: int) -> int:
   return next(b for b in (512, 256, 128) if length % b == 0)
 
 
-def _splash_kernel(q_len: int, kv_len: int, num_heads: int, causal: bool,
-                   sliding_window: int | None, interpret: bool):
+def _splash_mha(q_len: int, kv_len: int, num_heads: int, causal: bool,
+                sliding_window: int | None, interpret: bool):
   """A splash kernel for padded lengths (multiples of 128). Built at each trace (its mask
   tables are numpy work at trace time; cached kernels would carry one trace's arrays
   into another)."""
@@ -332,7 +393,7 @@ def _splash_local(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, q_segments_BxQ, kv_segments_B
   q = heads_first(q_BxQxHxK * q_BxQxHxK.shape[-1] ** -0.5, q_pad)
   k, v = heads_first(k_BxLxHxK, kv_pad), heads_first(v_BxLxHxK, kv_pad)
   segments = SegmentIds(_pad_rows(q_segments_BxQ, q_pad), _pad_rows(kv_segments_BxL, kv_pad))
-  kernel = _splash_kernel(q_pad, kv_pad, q.shape[1], causal, sliding_window, interpret)
+  kernel = _splash_mha(q_pad, kv_pad, q.shape[1], causal, sliding_window, interpret)
   out_BxHxQxK = jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=s))(q, k, v, segments)
   return jnp.swapaxes(out_BxHxQxK, 1, 2)[:, :q_len]
 

@@ -68,7 +68,8 @@ class EncoderForMaskedLM(nn.Module):
   [B, M] are given, which skips the vocabulary projection (and most of the last
   block, see Encoder's `output_positions`) elsewhere; the EncoderOutput's
   last_hidden_state is then [B, M, D] too. project=False: the head's VocabProjection
-  in place of the logits (a loss that projects it in chunks).
+  in place of the logits (a loss that projects it in chunks). `encoder_options`: the
+  Encoder's output_hidden_states, output_attentions and head_mask.
   """
   cfg: EncoderConfig
 
@@ -78,13 +79,10 @@ class EncoderForMaskedLM(nn.Module):
 
   def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
                positions=None, masked_positions=None, *, deterministic: bool = True,
-               output_hidden_states: bool = False, output_attentions: bool = False,
-               head_mask=None, project: bool = True):
+               project: bool = True, **encoder_options):
     out: EncoderOutput = self.encoder(
         inputs, attention_mask, token_type_ids, segment_ids, positions,
-        deterministic=deterministic, output_hidden_states=output_hidden_states,
-        output_attentions=output_attentions, output_positions=masked_positions,
-        head_mask=head_mask)
+        deterministic=deterministic, output_positions=masked_positions, **encoder_options)
     table = self.encoder.variables["params"][EMBEDDINGS]["token_embed"]["embedding"]
     embedding_VxD = nn.meta.unbox(table)
     return self.mlm_head(out.last_hidden_state, embedding_VxD, project=project), out
