@@ -18,7 +18,6 @@ KNOWN = {
     "jaxencoder/data/pipeline.py::mlm_pipeline",  # 12 parameters
     "jaxencoder/probing/features.py::extract",  # 13 parameters
     "jaxencoder/probing/features.py::_run_batches",  # 11 parameters
-    "jaxencoder/train/config.py::base_config",  # 84 lines
     "jaxencoder/train/parallel.py::make_stepper",  # 11 parameters
 }
 
