@@ -125,9 +125,7 @@ def test_without_a_device_limit_the_line_says_what_to_lower(monkeypatch):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-  root = tmp_path_factory.mktemp("data")
-  return {"data.source": th.text_corpus(root), "data.data_dir": root,
-          "data.tokenizer": th.write_vocab(root), "model.vocab_size": len(th.VOCAB)}
+  return th.corpus_overrides(tmp_path_factory.mktemp("data"))
 
 
 TINY = {"data.seq_len": 16, "model.num_layers": 1, "model.emb_dim": 32, "model.num_heads": 4,

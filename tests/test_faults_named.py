@@ -246,9 +246,7 @@ def test_a_diverged_loss_names_the_step_the_durable_step_and_the_fix(checkpointe
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
   import train_helpers as th
-  root = tmp_path_factory.mktemp("data")
-  return {"data.source": th.text_corpus(root), "data.data_dir": root,
-          "data.tokenizer": th.write_vocab(root), "model.vocab_size": len(th.VOCAB)}
+  return th.corpus_overrides(tmp_path_factory.mktemp("data"))
 
 
 TINY = {"data.seq_len": 16, "model.num_layers": 1, "model.emb_dim": 32, "model.num_heads": 4,

@@ -119,3 +119,9 @@ def final_params(config, workdir):
   run.checkpointer.close()
   run.writer.close()
   return params
+
+
+def corpus_overrides(root: pathlib.Path) -> dict:
+  """--config.* overrides that point train.py at a tiny prepared corpus and vocab."""
+  return {"data.source": text_corpus(root), "data.data_dir": root,
+          "data.tokenizer": write_vocab(root), "model.vocab_size": len(VOCAB)}

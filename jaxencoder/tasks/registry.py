@@ -3,10 +3,10 @@ jaxencoder/tasks/ asks here; adding a task is one module and one line in TASK_FA
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.data import kinds
 from jaxencoder.tasks import (classification, contrastive, masked_lm, regression,
                               replaced_tokens, seq2seq, span)
 from jaxencoder.tasks.base import Family, Task
@@ -67,13 +67,7 @@ def owner(config) -> tuple[str, Family]:
 def options() -> dict[str, Any]:
   """Every family's config options with their defaults (a key two families share must
   have one default)."""
-  merged: dict[str, Any] = {}
-  for family in TASK_FAMILIES:
-    for key, value in family.options.items():
-      if key in merged and merged[key] != value:
-        raise ValueError(f"task option {key!r} has two defaults: {merged[key]!r}, {value!r}")
-      merged[key] = copy.deepcopy(value)
-  return merged
+  return kinds.merge_options(TASK_FAMILIES, "task option")
 
 
 def make_task(name: str, cfg: EncoderConfig, *, num_classes: int = 2, **options) -> Task:

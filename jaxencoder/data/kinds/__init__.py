@@ -43,10 +43,16 @@ def kind_of(name: str) -> Kind:
 def options() -> dict[str, Any]:
   """Every kind's data.* options with their defaults (a key two kinds share must have one
   default)."""
+  return merge_options(KINDS, "data option")
+
+
+def merge_options(plugins, what: str) -> dict[str, Any]:
+  """The `options` of plug-ins (data kinds, task families) merged, each key with its one
+  default: a ValueError naming `what` and both defaults where two plug-ins disagree."""
   merged: dict[str, Any] = {}
-  for kind in KINDS:
-    for key, value in kind.options.items():
+  for plugin in plugins:
+    for key, value in plugin.options.items():
       if key in merged and merged[key] != value:
-        raise ValueError(f"data option {key!r} has two defaults: {merged[key]!r}, {value!r}")
+        raise ValueError(f"{what} {key!r} has two defaults: {merged[key]!r}, {value!r}")
       merged[key] = copy.deepcopy(value)
   return merged
