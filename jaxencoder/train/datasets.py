@@ -31,13 +31,16 @@ class Pipelines:
   IterDataset of the eval / test split (`make_test` None without data.test_split)."""
   train: grain.IterDataset
   make_eval: Callable[[], grain.IterDataset]
-  num_classes: int | None
+  label_names: list[str] | None  # the classes / tags, in order (None: no labels)
   tokenizer: Tokenizer | None
   train_workers: int = 0  # processes making the train batches (their state's layout)
   make_test: Callable[[], grain.IterDataset] | None = None
-  label_names: list[str] | None = None  # the classes / tags, in order (None: no labels)
   # {"train" | "eval" | "test": the fingerprint of each prepared split read (data/fingerprints)}
   fingerprints: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
+
+  @property
+  def num_classes(self) -> int | None:
+    return None if self.label_names is None else len(self.label_names)
 
 
 def vocab_from_tokenizer(config: ml_collections.ConfigDict) -> None:
@@ -118,8 +121,7 @@ def make_pipelines(config: ml_collections.ConfigDict, tokenizer_file: str | None
     read["test"] = test_src
   return Pipelines(build(train_src, rows_per_step(config), None, True),
                    lambda: build(eval_src, config.eval_batch_size, 1, False),
-                   num_classes, tok, train_workers, make_test,
-                   label_names=names,
+                   names, tok, train_workers, make_test,
                    fingerprints={role: fingerprints.split_fingerprints(src)
                                  for role, src in read.items()})
 

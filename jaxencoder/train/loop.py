@@ -114,7 +114,7 @@ def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False
   steps_saved = run_dir.steps()
   newest = steps_saved[-1] if steps_saved else None
   # Before any array or dataset is read: a changed model is refused in one line.
-  checked = check_before_restoring(run_dir, config)
+  checked = check_before_restoring(run_dir, config, steps_saved)
   record = run_record.read(run_dir.path) if newest is not None else None
   pipelines = make_pipelines(config, provenance.tokenizer_file(run_dir, config, record))
   task = build_task(config, pipelines)

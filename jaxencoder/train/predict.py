@@ -330,7 +330,8 @@ def _main(args) -> None:
     _emit(args.out, rows, f"{len(lines)} predictions, JSON lines{note('flagged blank')}")
   elif isinstance(result.outputs, np.ndarray):
     out = pathlib.Path(args.out or "embeddings.npy")
-    _check_out(out, args)
+    if not args.out:  # the default name, checked now that it is known (--out was at the start)
+      _check_out(out, args)
     np.save(out, result.outputs)
     print(f"wrote {out}: {result.outputs.shape[0]} x {result.outputs.shape[1]} pooled vectors"
           f"{note('rows of NaN')}")

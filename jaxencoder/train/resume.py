@@ -81,49 +81,38 @@ class ConfigChangedError(ValueError):
   """Resuming with a model / optimizer / data config other than the run's saved one."""
 
 
-def check_before_restoring(run_dir, config) -> int | None:
-  """Compares the configs saved with a run's steps (JSON only: no array is read) to
-  `config` before anything is restored. The newest step whose config reads decides: its
-  allowed changes warn and its step is returned (the restore need not check it again). When
-  it differs structurally but an older step's config does not (a newer step saved with
-  other settings may be damaged: the restore skips it), the restored step decides: None.
-  When no step's config fits, ConfigChangedError names the newest one's changes."""
-  found = run_dir.steps()
-  newest = newest_config(run_dir)[1]
+def check_before_restoring(run_dir, config, found: list[int]) -> int | None:
+  """Compares the configs saved with a run's steps (`found`, oldest first; JSON only: no
+  array is read) to `config` before anything is restored. The newest step whose config
+  reads decides: its allowed changes warn and the newest step is returned (the restore need
+  not check it again). When it differs structurally but an older step's config does not (a
+  newer step saved with other settings may be damaged: the restore skips it), the restored
+  step decides: None. When no step's config fits, ConfigChangedError names the newest
+  one's changes."""
+  configs = _readable_configs(run_dir, found)
+  newest = next(configs, None)
   if not newest:
     return found[-1] if found else None
-  allowed, structural = config_changes(newest, config)
-  if not structural or config.allow_config_change:
-    check_config_unchanged(run_dir, config, newest)
-    return found[-1]
-  for step in reversed(found[:-1]):
-    try:
-      if not config_changes(run_dir.read_config(step), config)[1]:
-        return None  # the restore falls back or not; its step's config is checked then
-    except Exception:  # a damaged step: the restore reports it
-      continue
-  check_config_unchanged(run_dir, config, newest)  # raises, naming the changes
-  return None
+  if (not config.allow_config_change and config_changes(newest, config)[1]
+      and any(not config_changes(older, config)[1] for older in configs)):
+    return None  # the restore falls back or not; its step's config is checked then
+  check_config_unchanged(run_dir, config, newest)  # raises, naming the changes, if any
+  return found[-1]
 
 
-def newest_config(run_dir) -> tuple[int | None, dict | None]:
-  """(newest step, the config of the newest step whose config reads) of a run directory;
-  (None, None) when it holds no step. JSON only: no array is read."""
-  found = run_dir.steps()
+def _readable_configs(run_dir, found: list[int]):
+  """The configs saved with `found`'s steps, newest first; a damaged one is skipped (the
+  restore reports it)."""
   for step in reversed(found):
     try:
-      return found[-1], run_dir.read_config(step)
-    except Exception:  # a damaged step: the restore reports it
+      yield run_dir.read_config(step)
+    except Exception:  # orbax / tensorstore raise many types for damaged files
       continue
-  return (found[-1] if found else None), None
 
 
-def check_config_unchanged(run_dir, config, saved: dict | None = None) -> None:
-  """Compares a saved config (default: that of the newest step of `run_dir` whose config
-  reads) to `config`: allowed changes (schedule, length, logging) warn; structural ones
-  raise naming each field."""
-  if saved is None:
-    saved = newest_config(run_dir)[1]
+def check_config_unchanged(run_dir, config, saved: dict) -> None:
+  """Compares a saved config to `config`: allowed changes (schedule, length, logging)
+  warn; structural ones raise naming each field."""
   if not saved:
     return
   allowed, structural = config_changes(saved, config)
