@@ -3,8 +3,10 @@
 - `auto` (default): `cudnn` on GPU, `splash` on TPU, `xla` elsewhere (see flash.py).
 - `xla`: the einsum reference; the only one that returns attention weights or drops them.
 - `cudnn`, `splash`: flash kernels (flash.py); a call they cannot serve runs `xla`.
-- `fused`: `jax.nn.dot_product_attention` with JAX's default implementation (XLA).
-- `linear`: elu(x)+1 feature maps (Katharopoulos et al. 2020), O(L) in length.
+- `fused`: `jax.nn.dot_product_attention` with JAX's default implementation (XLA); no
+  attention dropout (a training call with it runs `xla`).
+- `linear`: elu(x)+1 feature maps (Katharopoulos et al. 2020), O(L) in length; no weights
+  to drop (attention dropout in training is refused).
 
 Each is a kernel with one signature, `kernel(q, k, v, call: KernelCall) -> (out, weights or
 None)`, in its row of `flash.IMPLEMENTATIONS`; a layer runs the one its plan names

@@ -129,6 +129,30 @@ def test_splash_falls_back_to_xla_with_one_line(overrides, call, reason, caplog)
     assert outs[1].attentions[0].shape == (B, cfg.num_heads, L, L)
 
 
+@pytest.mark.parametrize("impl", ["fused", "linear"])
+def test_attention_dropout_is_never_skipped_silently(impl, caplog):
+  """fused and linear have no attention dropout: in training with it on, fused's call runs
+  xla (the same softmax, dropped) with one line, and linear (another model, no weights to
+  drop) refuses it in one line naming the key."""
+  ids = random_ids(7, (B, L))
+  cfg = tiny_config(pooling="mean", attention_impl=impl)
+  variables = Encoder(cfg).init(jax.random.key(0), ids)
+  train = lambda c: Encoder(c).apply(variables, ids, attention_mask=MASK_BxL, deterministic=False,
+                                     rngs={"dropout": jax.random.key(1)}).last_hidden_state
+  dropping = cfg.replace(attention_dropout_rate=0.5)
+  if impl == "linear":
+    with pytest.raises(ValueError, match=r"^attention_impl='linear' cannot serve this call: "
+                       r"attention dropout is on .*model.attention_dropout_rate=0\)"):
+      train(dropping)
+    return
+  flash._explained.clear()
+  with caplog.at_level(logging.WARNING, logger="jaxencoder.flash"):
+    dropped = train(dropping)
+  assert not np.allclose(dropped, train(cfg), atol=1e-3)
+  np.testing.assert_array_equal(dropped, train(dropping.replace(attention_impl="xla")))
+  assert [r.getMessage() for r in caplog.records if "attention dropout is on" in r.getMessage()]
+
+
 # ---------------------------------------------------------------- choosing a kernel
 @pytest.mark.parametrize("backend,expected", [("gpu", "cudnn"), ("tpu", "splash"),
                                               ("cpu", "xla")])
