@@ -24,7 +24,8 @@ from jaxencoder.tokenizer import Tokenizer, default_tokenizer_path
 def run(source, tok, ids, mode, workers, seq_len, batch_size, batches, warmup):
   ds = pipeline.mlm_pipeline(source, tok, seq_len=seq_len, batch_size=batch_size, mode=mode,
                              read=Reading(seed=0, num_epochs=None, shard_index=0, shard_count=1,
-                                          workers=workers), use_stored_ids=ids == "stored")
+                                          workers=workers),
+                             text=pipeline.TextInput(stored_ids=ids == "stored"))
   it = iter(ds)
   start = time.perf_counter()
   for _ in range(warmup):  # worker start-up (spawned processes import jax) and queues

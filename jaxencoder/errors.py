@@ -1,4 +1,5 @@
-"""Errors every layer shares: a user's error, a full disk, an error in one line.
+"""Errors every layer shares: a user's error, a step no older one cures, a full disk, an
+error in one line.
 
 The ground floor: imports nothing of the package, so storage (io/), the libraries and the
 command-line tools (cli.py) all read them from here.
@@ -11,6 +12,11 @@ import errno
 
 class UserError(Exception):
   """An error in what the user passed."""
+
+
+class NotDamaged(ValueError):
+  """A step that does not restore for a reason no older step cures (the target asked for,
+  or the run itself, not damaged files): RunDir.newest_restorable raises it at once."""
 
 
 def is_out_of_space(error: BaseException | None) -> bool:

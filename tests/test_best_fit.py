@@ -135,7 +135,7 @@ def test_resumed_iterator_yields_identical_rows_from_any_point_of_a_pool():
   """Pools of 3 rows' tokens, batches of 2: states mid-pool and at pool ends, through JSON
   (as checkpoints store them), resume with the same batches."""
   ds = pipeline.mlm_pipeline(_corpus(80), tiny_tokenizer(), seq_len=SEQ, batch_size=2,
-                             mode="best_fit", pool_rows=3, pack_examples=5,
+                             mode="best_fit", sizes=pipeline.PackSizes(examples=5, pool_rows=3),
                              read=Reading(seed=1, num_epochs=None, shard_index=0,
                                           shard_count=1))
   it, states, seen = iter(ds), [], []

@@ -222,6 +222,14 @@ def test_restore_params_only_names_mismatching_paths(tmp_path):
   assert "encoder/b" not in str(err.value)
 
 
+def test_param_shapes_and_names_are_read_from_a_steps_metadata(tmp_path):
+  run = RunDir(tmp_path).write_params(
+      {"encoder": {"w": np.zeros((16, 8), np.float32), "b": np.zeros(8, np.float32)},
+       "head": {"kernel": np.zeros((8, 3), np.float32)}}, config={})
+  assert run.param_shapes(0) == {"encoder/w": (16, 8), "encoder/b": (8,), "head/kernel": (8, 3)}
+  assert run.param_names() == {"encoder", "head"}
+
+
 def test_restore_params_only_missing_dir_raises(tmp_path):
   with pytest.raises(FileNotFoundError, match="nowhere"):
     restore_params_only(tmp_path / "nowhere", {}, subtree=ENCODER)

@@ -137,7 +137,8 @@ def test_sharded_ids_give_the_mlm_batches_of_tokenising(sharded, mode):
   _, source = sharded
   def batches(use_stored_ids):
     return list(pipeline.mlm_pipeline(source, tiny_tokenizer(), seq_len=16, batch_size=8,
-                                      mode=mode, use_stored_ids=use_stored_ids,
+                                      mode=mode,
+                                      text=pipeline.TextInput(stored_ids=use_stored_ids),
                                       read=Reading(seed=1, **ONE)))
   stored = batches(True)
   assert len(stored) >= (len(source) // 8 if mode == "pad" else 3)
@@ -424,7 +425,8 @@ def _mixed_batches(mix, n, *, batch_size=8, mode="pad", mask=None, use_stored_id
                    **reading):
   read = Reading(**{**dict(seed=3, num_epochs=None, **ONE), **reading})
   return _take(pipeline.mlm_pipeline(mix, tiny_tokenizer(), seq_len=16, batch_size=batch_size,
-                                     mode=mode, mask=mask, use_stored_ids=use_stored_ids,
+                                     mode=mode, mask=mask,
+                                     text=pipeline.TextInput(stored_ids=use_stored_ids),
                                      read=read), n)
 
 

@@ -12,15 +12,6 @@ import pathlib
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MAX_LINES, MAX_PARAMS = 80, 10
 
-# Offenders outside the model files, left to the branches that refactor their folders
-# (issue 43). The lead empties this list; an entry that no longer offends fails the test.
-KNOWN = {
-    "jaxencoder/data/pipeline.py::mlm_pipeline",  # 12 parameters
-    "jaxencoder/probing/features.py::extract",  # 13 parameters
-    "jaxencoder/probing/features.py::_run_batches",  # 11 parameters
-    "jaxencoder/train/parallel.py::make_stepper",  # 11 parameters
-}
-
 
 def function_sizes(path: pathlib.Path):
   """(qualified name, lines, parameters) of every function and method in a module."""
@@ -54,11 +45,8 @@ def offenders(package_dir: pathlib.Path) -> dict[str, str]:
 
 def test_no_function_is_over_80_lines_or_10_parameters():
   found = offenders(REPO / "jaxencoder")
-  new = {name: why for name, why in found.items() if name not in KNOWN}
-  assert not new, "over 80 lines or 10 parameters:\n" + "\n".join(
-      f"  {name}: {why}" for name, why in sorted(new.items()))
-  fixed = sorted(KNOWN - set(found))
-  assert not fixed, f"no longer over the limits: take them out of KNOWN: {fixed}"
+  assert not found, "over 80 lines or 10 parameters:\n" + "\n".join(
+      f"  {name}: {why}" for name, why in sorted(found.items()))
 
 
 def test_the_size_check_counts_lines_and_parameters(tmp_path):

@@ -66,6 +66,23 @@ class Reading:
   workers: int = 0  # grain processes making the batches (0: in the caller)
 
 
+@dataclasses.dataclass(frozen=True)
+class TextInput:
+  """Where a text pipeline's tokens come from: `record[key]` tokenised, or the token ids
+  stored beside the records (data/token_ids.py) where there are some and `stored_ids`."""
+  key: str = "text"
+  stored_ids: bool = True  # False: tokenise even where the source stores ids
+
+
+@dataclasses.dataclass(frozen=True)
+class PackSizes:
+  """How much a packing mode sees at once (None: its default from the batch size)."""
+  examples: int | None = None  # sequences packed together ("pack"), documents read a chunk
+                               # at a time ("best_fit"); default 4 x batch_size
+  pool_rows: int | None = None  # "best_fit": rows' worth of tokens pooled; default
+                                # max(4 x batch_size, 64)
+
+
 def _shard(shard_index, shard_count) -> tuple[int, int]:
   if shard_index is None or shard_count is None:
     import jax  # only the default needs jax
@@ -241,45 +258,43 @@ def text_rows(source, stored, index_N: np.ndarray, tokenizer, seq_len: int,
   return ids.rows(index_N if records is None else records(index_N), seq_len, tokenizer.pad_id)
 
 
-def text_reader(source, tokenizer, read: Reading, *, use_stored_ids: bool = True,
-                text_key: str = "text"):
+def text_reader(source, tokenizer, read: Reading, text: TextInput = TextInput()):
   """(order, rows) of a text source or a `mixture.Mixture`: `order[e]` is what global
   element e reads (shuffled by read.seed, repeated read.num_epochs times), and
   `rows(picks, seq_len)` the `input_ids`, `word_ids` [N, seq_len] and lengths [N] of
-  N of them, from stored token ids where the source has them (and `use_stored_ids`)."""
+  N of them, from stored token ids where the source has them (and `text.stored_ids`)."""
   if isinstance(source, mixture.Mixture):
-    stored = source.stored(tokenizer) if use_stored_ids else [None] * len(source.members)
+    stored = source.stored(tokenizer) if text.stored_ids else [None] * len(source.members)
     def rows(picks, seq_len):
       return source.text_rows(picks, lambda k, records_M: text_rows(
-          source.members[k], stored[k], records_M, tokenizer, seq_len, text_key))
+          source.members[k], stored[k], records_M, tokenizer, seq_len, text.key))
     return source.order(read.seed, read.num_epochs), rows
-  stored = token_ids.stored(source, tokenizer) if use_stored_ids else None
+  stored = token_ids.stored(source, tokenizer) if text.stored_ids else None
   order = examples(grain.MapDataset.range(len(source)), seed=read.seed,
                    num_epochs=read.num_epochs)
   return order, lambda picks, seq_len: text_rows(source, stored, np.asarray(picks, np.int64),
-                                                 tokenizer, seq_len, text_key)
+                                                 tokenizer, seq_len, text.key)
 
 
 def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str = "pad",
-                 mask: mlm_lib.MaskSpec | None = None, pack_examples: int | None = None,
-                 text_key: str = "text", use_stored_ids: bool = True,
-                 rate_schedule: Sequence[tuple[int, float]] = (), pool_rows: int | None = None,
+                 mask: mlm_lib.MaskSpec | None = None, sizes: PackSizes = PackSizes(),
+                 text: TextInput = TextInput(), rate_schedule: Sequence[tuple[int, float]] = (),
                  read: Reading = Reading()) -> grain.IterDataset:
   """Masked-LM batches from a text source; `mode` "pad", "pack" or "best_fit" (segment_ids,
   positions; packing.MODES).
 
   Whole chunks of examples are read, tokenised (or their stored ids taken: `token_ids`),
   masked (`mlm.mask_batch`, draws keyed by each example's global index) and padded, or
-  packed (`packing.pack_rows`, `pack_examples` sequences at a time, default 4 x
+  packed (`packing.pack_rows`, `sizes.examples` sequences at a time, default 4 x
   batch_size), with numpy, in `read.workers` processes. `mask` defaults to BERT's 15% /
   80-10-10 over the tokenizer's vocab; pass `MaskSpec(..., rate=0.0)` for plain tokens.
-  `use_stored_ids=False` tokenises even where the source stores ids.
+  `text`: the records' text field, and whether stored token ids stand in for it.
 
-  "best_fit": the workers read each chunk's documents (`pack_examples` of them) whole
+  "best_fit": the workers read each chunk's documents (`sizes.examples` of them) whole
   (`packing.whole_documents`) and cut one longer than seq_len into pieces of seq_len
   tokens (`packing.piece_lengths`; its first piece keeps [CLS], its last [SEP], the ones
   between have neither: no token is added or lost); this process packs pools of at least
-  `pool_rows` rows' worth of tokens (default max(4 x batch_size, 64)) by best fit
+  `sizes.pool_rows` rows' worth of tokens (default max(4 x batch_size, 64)) by best fit
   (data/pooled_packing.py).
 
   `rate_schedule` ((k, rate), ...; `mlm.scheduled_rate`): batch k (0-based) on is masked
@@ -292,10 +307,9 @@ def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str 
     raise ValueError(f"mode must be one of {', '.join(map(repr, packing.MODES))}, got {mode!r}")
   mask = mask or default_mask(tokenizer)
   masking = mlm_lib.mask_plan if rate_schedule else mlm_lib.mask_batch
-  order, text_rows_of = text_reader(source, tokenizer, read, use_stored_ids=use_stored_ids,
-                                    text_key=text_key)
+  order, text_rows_of = text_reader(source, tokenizer, read, text)
   pad_id = tokenizer.pad_id
-  chunk_rows = batch_size if mode == "pad" else (pack_examples or 4 * batch_size)
+  chunk_rows = batch_size if mode == "pad" else (sizes.examples or 4 * batch_size)
 
   def masked_rows(e_N, width):
     """Rows `width` wide of global elements e_N, masked; their lengths."""
@@ -322,7 +336,7 @@ def mlm_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, mode: str 
     rows = grain_exp.FlatMapIterDataset(it, _Unchunk(max_fan_out=chunk_rows))
     it = _batch(rows, batch_size, read.drop_remainder)
   if mode == "best_fit":
-    pool_tokens = (pool_rows or max(4 * batch_size, 64)) * seq_len
+    pool_tokens = (sizes.pool_rows or max(4 * batch_size, 64)) * seq_len
     rows = pooled_packing.BestFitRows(it, seq_len, pool_tokens, lambda r: _filled(r, pad_id))
     it = _batch(rows, batch_size, read.drop_remainder)
   if not rate_schedule:

@@ -50,7 +50,8 @@ def halves(ids_NxT: np.ndarray, words_NxT: np.ndarray, lengths_N: np.ndarray, se
 def halves_pipeline(source, tokenizer, *, seq_len: int, batch_size: int, text_key: str = "text",
                     read: Reading = Reading()) -> grain.IterDataset:
   """Batches of (first half, second half) pairs of `source`'s texts, [B, 2, seq_len]."""
-  order, text_rows_of = pipeline.text_reader(source, tokenizer, read, text_key=text_key)
+  order, text_rows_of = pipeline.text_reader(source, tokenizer, read,
+                                             pipeline.TextInput(key=text_key))
   read_len = 2 * seq_len  # room for two halves of seq_len - 2 tokens each
 
   def chunk(e_R):

@@ -27,8 +27,9 @@ def batch_efficiency(source, tokenizer, *, seq_len: int, batch_size: int, mode: 
   texts tokenised by `tokenizer`, whatever token ids the dataset stores)."""
   no_mask = pipeline.default_mask(tokenizer, rate=0.0)
   ds = pipeline.mlm_pipeline(source, tokenizer, seq_len=seq_len, batch_size=batch_size,
-                             mode=mode, mask=no_mask, pack_examples=pack_examples,
-                             use_stored_ids=False,
+                             mode=mode, mask=no_mask,
+                             sizes=pipeline.PackSizes(examples=pack_examples),
+                             text=pipeline.TextInput(stored_ids=False),
                              read=Reading(seed=0, num_epochs=1, shard_index=0, shard_count=1))
   real = slots = batches = 0
   for batch in ds:

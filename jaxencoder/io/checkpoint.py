@@ -31,7 +31,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
-from jaxencoder.errors import first_line, is_out_of_space
+from jaxencoder.errors import NotDamaged, first_line, is_out_of_space
 from jaxencoder.io.paths import as_path
 
 PyTree = Any
@@ -232,7 +232,7 @@ class CheckpointError(RuntimeError):
   """No checkpoint of a run directory can be restored."""
 
 
-class ParamsMismatch(ValueError):
+class ParamsMismatch(NotDamaged):
   """Saved params that do not fit the target asked for (a shape, a missing subtree): the
   caller's error, not a damaged checkpoint, so no older step is tried instead."""
 

@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jaxencoder.errors import first_line
-from jaxencoder.io.checkpoint import (CONFIG, STATE, Checkpointer, ParamsMismatch, reader,
-                                     restore_params_only)
+from jaxencoder.errors import NotDamaged, first_line
+from jaxencoder.io.checkpoint import CONFIG, STATE, Checkpointer, reader, restore_params_only
 from jaxencoder.io import run_record
 from jaxencoder.io.paths import as_path
 
@@ -137,15 +136,18 @@ class RunDir:
 
   def param_names(self, step: int | None = None) -> set[str]:
     """Top-level names under the saved state's params (e.g. {'encoder', 'mlm_head'})."""
-    return self._param_names(self._step(step))
+    return {path.split("/")[0] for path in self.param_shapes(step)}
 
-  def _param_names(self, step: int) -> set[str]:
+  def param_shapes(self, step: int | None = None) -> dict[str, tuple[int, ...]]:
+    """The shape of each param saved with `step` (default: latest), by its path under
+    params ("encoder/embeddings/token_embed/embedding"), from the step's metadata: no
+    array is read."""
     manager = reader(self.checkpoint_dir)
     try:
-      tree = manager.item_metadata(step)[STATE].tree
+      tree = manager.item_metadata(self._step(step))[STATE].tree
     finally:
       manager.close()
-    return set(tree.get("params", {}))
+    return dict(_leaf_shapes(tree.get("params", {}), ""))
 
   def restore_subtree(self, abstract: Params, name: str, *, step: int | None = None) -> Params:
     """The params saved under `name` (e.g. a head: "mlm_head") into `abstract`, of `step`
@@ -159,8 +161,8 @@ class RunDir:
     """(step, restore(step)) of `step`, else of the newest step that restores: a damaged
     newer step (files truncated or missing) is skipped with one warning naming it and the
     step used, as train and predict skip it. Reads only. A damaged `step`, or none that
-    restores: UnrestorableStep. Params that do not fit the target (ParamsMismatch) raise
-    at once: no older step fits better."""
+    restores: UnrestorableStep. Params that do not fit the target (ParamsMismatch), or
+    any NotDamaged, raise at once: no older step fits better."""
     saved = self.steps()
     if not saved or (step is not None and step not in saved):
       self._step(step)  # FileNotFoundError: no checkpoint, or not this step
@@ -168,7 +170,7 @@ class RunDir:
     for candidate in [step] if step is not None else saved[::-1]:
       try:
         result = restore(candidate)
-      except ParamsMismatch:
+      except NotDamaged:
         raise
       except Exception as e:  # orbax / tensorstore raise many types for damaged files
         failures.append((candidate, e.reason if isinstance(e, UnrestorableStep)
@@ -239,6 +241,19 @@ class RunDir:
       run_record.write(self.path, {"tokenizer": {"files": run_record.save_tokenizer(
           self.path, tokenizer)}, "labels": None, "data": {}, "changes": []})
     return self
+
+
+def _leaf_shapes(tree, prefix: str):
+  """("a/b/c", shape) of each leaf of a metadata tree (nested dicts and lists)."""
+  if isinstance(tree, Mapping):
+    children = tree.items()
+  elif isinstance(tree, (list, tuple)):
+    children = enumerate(tree)
+  else:
+    yield prefix, tuple(tree.shape)
+    return
+  for key, child in children:
+    yield from _leaf_shapes(child, f"{prefix}/{key}" if prefix else str(key))
 
 
 def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:

@@ -156,7 +156,8 @@ def _features(cfg, params, tokenizer, dataset, options: StudyOptions):
                           progress=options.progress)
   return features_lib.extract(cfg, params, tokenizer, dataset, pool=options.pool,
                               batch_size=options.batch_size, max_length=options.max_length,
-                              attention=False, progress=options.progress)
+                              progress=options.progress,
+                              extractor=features_lib.Extractor(cfg, params, attention=False))
 
 
 def _plots(sim: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:

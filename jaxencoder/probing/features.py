@@ -184,17 +184,18 @@ def measure(tokenizer, dataset: Dataset, max_length: int, chunk: int = 512):
 
 
 def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: str | None = None,
-            batch_size: int = 32, max_length: int = 128, out_dir=None, attention: bool = True,
-            sparsity_threshold: float = 0.1, buckets: Sequence[int] | None = None,
-            progress: bool = True, extractor: Extractor | None = None) -> Features:
+            batch_size: int = 32, max_length: int = 128, out_dir=None, progress: bool = True,
+            extractor: Extractor | None = None) -> Features:
   """Pooled features of every layer for `dataset` (+ attention means per layer and head).
 
   pool: "first" (default) or "mean" sub-word at word level; "cls" (default) or "mean"
   at sentence level. Words cut by truncation to `max_length` are dropped (counted in
-  `info["dropped_items"]`). With `out_dir`, layer n goes to `out_dir/layer_NN.npy`.
-  `progress`: a bar (or plain lines) over the batches, on stderr. `extractor`: one built
-  for `cfg` to reuse its compiled forward (e.g. for many checkpoints of a run): it is set
-  to run `params` (its own attention settings apply); `info["compiles"]` counts its traces.
+  `info["dropped_items"]`); batches are padded to `length_buckets(max_length)`. With
+  `out_dir`, layer n goes to `out_dir/layer_NN.npy`. `progress`: a bar (or plain lines)
+  over the batches, on stderr. `extractor`: one built for `cfg`, with its attention
+  settings (`Extractor(cfg, params, attention=False)`: no attention statistics; its
+  `sparsity_threshold`), or to reuse its compiled forward (e.g. for many checkpoints of a
+  run): it is set to run `params`; `info["compiles"]` counts its traces.
   """
   pool = pool or ("first" if dataset.level == "word" else "cls")
   allowed = WORD_POOLS if dataset.level == "word" else SENTENCE_POOLS
@@ -207,13 +208,13 @@ def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: st
                      " (image encoders: probing.images, --data DIR or .npz)")
   check_fits(tokenizer, cfg, "probing features")
   max_length = min(max_length, cfg.max_positions)
-  buckets = tuple(buckets or length_buckets(max_length))
+  buckets = length_buckets(max_length)
   lengths_S, kept_S = measure(tokenizer, dataset, max_length)
   layers = store.allocate(cfg.num_layers + 1, int(kept_S.sum()), cfg.emb_dim, out_dir)
-  extractor = _ready(extractor, cfg, params, attention, sparsity_threshold)
-  totals = _run_batches(extractor, tokenizer, dataset, layers, pool, lengths_S, kept_S,
-                        batch_size=batch_size, max_length=max_length, buckets=buckets,
-                        progress=progress)
+  extractor = _ready(extractor, cfg, params)
+  totals = _run_batches(extractor, tokenizer, dataset, layers, pool,
+                        plan_batches(lengths_S, batch_size, buckets), kept_S,
+                        batch_size=batch_size, max_length=max_length, progress=progress)
   labels_M, names = _label_ids(dataset, kept_S)
   info = {"level": dataset.level, "pool": pool, "buckets": list(buckets),
           "compiles": extractor.traces, "sentences": len(dataset.sentences),
@@ -226,11 +227,10 @@ def extract(cfg: EncoderConfig, params, tokenizer, dataset: Dataset, *, pool: st
   return feats
 
 
-def _ready(extractor: Extractor | None, cfg: EncoderConfig, params, attention: bool,
-           sparsity_threshold: float) -> Extractor:
+def _ready(extractor: Extractor | None, cfg: EncoderConfig, params) -> Extractor:
   """A new Extractor, or `extractor` (built for `cfg`) set to run `params`."""
   if extractor is None:
-    return Extractor(cfg, params, attention=attention, sparsity_threshold=sparsity_threshold)
+    return Extractor(cfg, params)
   if extractor.cfg != cfg:
     raise ValueError("extract: the extractor was built for another model config")
   extractor.params = params
@@ -238,13 +238,12 @@ def _ready(extractor: Extractor | None, cfg: EncoderConfig, params, attention: b
 
 
 def _run_batches(extractor: Extractor, tokenizer, dataset: Dataset, layers, pool: str,
-                 lengths_S, kept_S, *, batch_size: int, max_length: int, buckets,
-                 progress: bool = True):
-  """Runs every planned batch, writes its items into `layers`; returns attention sums."""
+                 plan, kept_S, *, batch_size: int, max_length: int, progress: bool = True):
+  """Runs every batch of `plan` (plan_batches), writes its items into `layers`; returns
+  attention sums."""
   offsets_S = np.concatenate([[0], np.cumsum(kept_S)[:-1]]).astype(np.int64)
   punct_V = attention_stats.punctuation_table(tokenizer)
   totals = None
-  plan = plan_batches(lengths_S, batch_size, buckets)
   for bucket, rows in progress_lib.track(plan, extracting_desc(len(layers)), unit="batch",
                                          enabled=progress):
     batch = encode(tokenizer, dataset, rows, max_length=max_length, pad_to=bucket)

@@ -96,10 +96,11 @@ def _extract(cfg, params, tokenizer, dataset, options: StudyOptions, out_dir
                           batch_size=options.batch_size, out_dir=out_dir,
                           sparsity_threshold=options.sparsity_threshold,
                           progress=options.progress)
+  extractor = features_lib.Extractor(cfg, params, sparsity_threshold=options.sparsity_threshold)
   return features_lib.extract(
       cfg, params, tokenizer, dataset, pool=options.pool, batch_size=options.batch_size,
-      max_length=options.max_length, sparsity_threshold=options.sparsity_threshold,
-      out_dir=out_dir, progress=options.progress)
+      max_length=options.max_length, out_dir=out_dir, progress=options.progress,
+      extractor=extractor)
 
 
 def model_summary(cfg: EncoderConfig) -> dict:

@@ -32,7 +32,7 @@ from jaxencoder.tasks.base import Task
 from jaxencoder.tasks.registry import task_from_config
 from jaxencoder.train.metrics import MetricWriter, throughput
 from jaxencoder.train.optim import make_optimizer, trainable_mask
-from jaxencoder.train.parallel import make_stepper
+from jaxencoder.train.parallel import GradientOptions, make_stepper
 from jaxencoder.train.datasets import Pipelines, make_pipelines
 from jaxencoder.train.prefetch import DevicePrefetch
 from jaxencoder.train import out_of_memory as oom
@@ -396,10 +396,11 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   stepper = None
   named = _out_of_memory(run, "train", lambda: stepper and stepper.compiled)
   with oom.named(named), progress.phase("compiling the train step", enabled=shows):
+    grads = GradientOptions(micro_batches=config.optim.grad_accum_steps,
+                            trainable=trainable_mask(run.state.params, config.optim))
     stepper = make_stepper(config.parallelism, run.task, run.tx, rng_key(config, 1),
                            run.shardings, run.mesh, run.rules, run.state, peek(run.train_iter),
-                           micro_batches=config.optim.grad_accum_steps,
-                           trainable=trainable_mask(run.state.params, config.optim))
+                           grads)
   eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
   start = int(run.state.step)
   startup = _log_startup(run, stepper, resumed=start > 0)

@@ -9,7 +9,9 @@ it: `trace_seconds` to lower (trace the model), `compile_seconds` in all.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,14 +33,22 @@ def compile_timed(fn, *args):
   return compiled, lowered_at - started, time.perf_counter() - started, flops
 
 
+@dataclasses.dataclass(frozen=True)
+class GradientOptions:
+  """How a step forms its gradient (steps.train_step): summed over `micro_batches` of the
+  batch, applied to the `trainable` params only (optim.trainable_mask; None: all)."""
+  micro_batches: int = 1
+  trainable: Any = None
+
+
 class JitStepper:
   """`train_step` jitted with NamedShardings over the run's mesh, state donated."""
 
-  def __init__(self, task, tx, base_rng, shardings, mesh, rules, state, host_batch, *,
-               micro_batches: int = 1, trainable=None):
+  def __init__(self, task, tx, base_rng, shardings, mesh, rules, state, host_batch,
+               grads: GradientOptions = GradientOptions()):
     self.mesh, self.rules = mesh, rules
     jitted = steps.jit_train_step(task, tx, base_rng, shardings, mesh,
-                                  micro_batches=micro_batches, trainable=trainable)
+                                  micro_batches=grads.micro_batches, trainable=grads.trainable)
     with steps.mesh_context(mesh, rules):
       self._step, self.trace_seconds, self.compile_seconds, self.flops = compile_timed(
           jitted, state, self.put(host_batch))
@@ -63,8 +73,8 @@ class PmapStepper:
 
   AXIS = "batch"
 
-  def __init__(self, task, tx, base_rng, shardings, state, host_batch, *,
-               micro_batches: int = 1, trainable=None):
+  def __init__(self, task, tx, base_rng, shardings, state, host_batch,
+               grads: GradientOptions = GradientOptions()):
     if jax.process_count() > 1:
       raise ValueError("parallelism='pmap' is single-process; use the default 'jit'")
     self.devices = jax.local_device_count()
@@ -72,7 +82,7 @@ class PmapStepper:
     self.flops = None
     step = lambda state, batch, rng: steps.train_step(
         state, batch, task=task, tx=tx, base_rng=rng, axis_name=self.AXIS,
-        micro_batches=micro_batches, trainable=trainable)
+        micro_batches=grads.micro_batches, trainable=grads.trainable)
     # One dropout key per device, so devices do not drop the same units.
     self._rngs = jax.vmap(lambda i: jax.random.fold_in(base_rng, i))(jnp.arange(self.devices))
     replicas = jax.tree.map(
@@ -112,12 +122,10 @@ class PmapStepper:
 
 
 def make_stepper(parallelism: str, task, tx, base_rng, shardings, mesh, rules, state,
-                 host_batch, *, micro_batches: int = 1, trainable=None):
-  """`trainable`: optim.trainable_mask of the params (steps.train_step)."""
+                 host_batch, grads: GradientOptions = GradientOptions()):
+  """The stepper of `parallelism` ("jit" or "pmap"), its step compiled for `host_batch`."""
   if parallelism == "jit":
-    return JitStepper(task, tx, base_rng, shardings, mesh, rules, state, host_batch,
-                      micro_batches=micro_batches, trainable=trainable)
+    return JitStepper(task, tx, base_rng, shardings, mesh, rules, state, host_batch, grads)
   if parallelism == "pmap":
-    return PmapStepper(task, tx, base_rng, shardings, state, host_batch,
-                       micro_batches=micro_batches, trainable=trainable)
+    return PmapStepper(task, tx, base_rng, shardings, state, host_batch, grads)
   raise ValueError(f"parallelism={parallelism!r} is not one of ('jit', 'pmap')")

@@ -41,7 +41,7 @@ import numpy as np
 
 from jaxencoder import cli
 from jaxencoder import progress as progress_lib
-from jaxencoder.errors import first_line
+from jaxencoder.errors import NotDamaged
 
 if TYPE_CHECKING:  # the model side loads on use: `--help` imports no JAX or Flax
   import flax.linen as nn
@@ -55,7 +55,7 @@ BATCH = 32  # lines per forward pass (--batch-size)
 log = logging.getLogger("jaxencoder")
 
 
-class UnsupportedRun(ValueError):
+class UnsupportedRun(NotDamaged):
   """A run predict cannot serve (not a damaged checkpoint: no older step helps)."""
 
 
@@ -99,29 +99,21 @@ def load(run_path, step: int | None = None) -> Predictor:
 
 def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
   """(Predictor without its tokenizer, config) of `step`, or of the newest step that
-  restores; else a ValueError naming each step tried and why."""
-  saved = ", ".join(map(str, run.steps()))
-  if step is not None and step not in run.steps():
-    raise FileNotFoundError(f"{run.checkpoint_dir}: no step {step}; saved steps: {saved}")
-  failures = []
-  for candidate in [step] if step is not None else run.steps()[::-1]:
-    try:
-      restored = _restore_step(run, run_path, candidate)
-    except UnsupportedRun:
+  restores (RunDir.newest_restorable); a `step` that does not restore is one error naming
+  --step."""
+  from jaxencoder.io.run_dir import UnrestorableStep
+  if step is not None and step not in (saved := run.steps()):
+    raise FileNotFoundError(f"{run.checkpoint_dir}: no step {step}; saved steps: "
+                            f"{', '.join(map(str, saved))}")
+  try:
+    return run.newest_restorable(lambda s: _restore_step(run, run_path, s), step)[1]
+  except UnrestorableStep as e:
+    if step is None:
       raise
-    except Exception as e:  # orbax / tensorstore raise many types for damaged files
-      failures.append(f"step {candidate}: {first_line(e)}")
-      if step is None:
-        log.warning("checkpoint step %d in %s cannot be restored (%s); trying an older step",
-                    candidate, run.checkpoint_dir, first_line(e))
-      continue
-    if failures:
-      log.warning("predicting with step %d, the newest that restores", candidate)
-    return restored
-  fix = (f"pass another --step (saved: {saved}), or none for the newest that restores"
-         if step is not None else "restore the checkpoints from a copy, or retrain")
-  raise ValueError(f"no restorable checkpoint in {run.checkpoint_dir}: "
-                   f"{'; '.join(failures)}; {fix}")
+    raise UnrestorableStep(
+        f"no restorable checkpoint in {run.checkpoint_dir}: step {step}: {e.reason}; pass "
+        f"another --step (saved: {', '.join(map(str, saved))}), or none for the newest that "
+        "restores", e.reason) from None
 
 
 def _restore_step(run: RunDir, run_path, step: int) -> tuple[Predictor, dict]:
@@ -176,21 +168,13 @@ def _check_head_size(run: RunDir, abstract: dict, names: list[str], step: int) -
   """UnsupportedRun when the head's stored outputs are not as many as today's classes (the
   dataset gained or lost one since training): not a damaged checkpoint."""
   import jax
-
-  from jaxencoder.io.checkpoint import reader
-  manager = reader(run.checkpoint_dir)
-  try:
-    stored = manager.item_metadata(step)["state"].tree["params"]
-  finally:
-    manager.close()
-  ours = {jax.tree_util.keystr(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(abstract)}
-  theirs = {jax.tree_util.keystr(p): tuple(x.shape)
-            for p, x in jax.tree_util.tree_leaves_with_path(stored)}
-  for key, shape in ours.items():
-    if key in theirs and theirs[key] != shape and len(names) in shape:
+  theirs = run.param_shapes(step)
+  for path, x in jax.tree_util.tree_leaves_with_path(abstract):
+    key = jax.tree_util.keystr(path, simple=True, separator="/")
+    if key in theirs and theirs[key] != x.shape and len(names) in x.shape:
       raise UnsupportedRun(
           f"{run.path}: its dataset changed since training: it now has {len(names)} classes, "
-          f"the run's head {key} has shape {theirs[key]}, not {shape}; the checkpoints are "
+          f"the run's head {key} has shape {theirs[key]}, not {x.shape}; the checkpoints are "
           "intact: predict with the dataset as it was, or train on the new one")
 
 
