@@ -110,16 +110,21 @@ def pytest_make_collect_report(collector):
 def _process_state_restored():
   """What a tool's main(), run in-process, changes for the whole process is put back: the
   root log handler (logging.basicConfig(force=True) binds it to this test's captured stderr,
-  closed afterwards: later tests' log lines would fail to print) and train.py's second-Ctrl-C
-  mode (train/stop.py)."""
+  closed afterwards: later tests' log lines would fail to print), the levels and filters
+  cli.quiet_library_logs sets on the libraries' loggers, and train.py's second-Ctrl-C mode
+  (train/stop.py)."""
+  from jaxencoder import cli
   from jaxencoder.train import stop
   handlers, level = logging.root.handlers[:], logging.root.level
-  ours = logging.getLogger("jaxencoder").level
+  loggers = [logging.getLogger(name) for name in ("jaxencoder", *cli.LIBRARY_LOGGERS)]
+  kept = [(logger.level, logger.filters[:]) for logger in loggers]
   exit_mode = stop.exit_on_second_interrupt
   yield
   logging.root.handlers[:] = handlers
   logging.root.setLevel(level)
-  logging.getLogger("jaxencoder").setLevel(ours)
+  for logger, (its_level, filters) in zip(loggers, kept):
+    logger.setLevel(its_level)
+    logger.filters[:] = filters
   stop.exit_on_second_interrupt = exit_mode
 
 
