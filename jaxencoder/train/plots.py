@@ -4,7 +4,7 @@ config at every step, the logged values over it), the gradient norm and the thro
 
   jaxencoder-plot RUN_DIR [--out DIR]     # default: RUN_DIR/plots (local runs)
 
-For live curves, TensorBoard reads RUN_DIR/tensorboard (README: "Looking at a run").
+For live curves, TensorBoard reads RUN_DIR/tensorboard (docs/training.md, "Looking at a run").
 """
 
 from __future__ import annotations
