@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow test-fast install train parity parity-deps probe notebooks bench bench-deps bench-gpu clean
+.PHONY: test test-slow test-fast install train parity parity-deps probe notebooks docs bench bench-deps bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,18 @@ parity: parity-deps
 notebooks: $(STAMP)
 	$(PY) tools/run_notebooks.py
 
+# The documentation site into docs/_build/html, warnings as errors; then every internal link
+# of the built site is checked. The notebooks run once (about 10 minutes on 2 cores) and are
+# served from docs/_build/.jupyter_cache until a code cell changes.
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+	$(PY) tools/check_docs_links.py docs/_build/html
+
 # Benchmarks (bench/, docs/performance.md). The HF Flax BERT baseline needs
 # transformers<5, so it lives in its own venv.
 HF_VENV ?= /tmp/hfflax
@@ -87,4 +99,4 @@ probe: $(STAMP)
 	  --data $(DATA) --out runs/probe --stream
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache docs/_build docs/_api

@@ -390,7 +390,8 @@ def train(files: Sequence[str], vocab_size: int, *, lowercase: bool = True,
   return Tokenizer(hf)
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
+  """jaxencoder-tokenizer's commands and flags (the CLI reference renders their help)."""
   parser = argparse.ArgumentParser(prog="jaxencoder-tokenizer")
   sub = parser.add_subparsers(dest="cmd", required=True)
   p = sub.add_parser("encode", help="print the tokens of a text: id and piece, one a line")
@@ -404,7 +405,11 @@ def main(argv=None):
   p.add_argument("--out", required=True)
   p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
   p.add_argument("--min-frequency", type=int, default=2)
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None):
+  args = build_parser().parse_args(argv)
   from jaxencoder import cli
   command = encode_command if args.cmd == "encode" else train_command
   cli.run_main(lambda: command(args))

@@ -11,7 +11,7 @@ import pytest
 from jaxencoder import Encoder, EncoderConfig
 from jaxencoder.config import PRESETS
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+MODEL_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "model.md"  # the presets table
 # BERT's published parameter counts (millions, rounded), Turc et al. 2019 / Devlin et al. 2019.
 PUBLISHED_M = {"tiny": 4.4, "mini": 11.3, "small": 29.1, "medium": 41.7,
                "base": 110.0, "large": 340.0}
@@ -44,8 +44,8 @@ def test_preset_param_count_is_berts_exactly(name):
   assert EXACT[name] / 1e6 == pytest.approx(PUBLISHED_M[name], rel=0.02)  # the papers round
 
 
-def test_readme_preset_table_states_the_exact_counts():
-  rows = re.findall(r"^\| (\w+) \| (\d+) / (\d+) / (\d+) \| ([\d.]+)M \|", README.read_text(),
+def test_docs_preset_table_states_the_exact_counts():
+  rows = re.findall(r"^\| (\w+) \| (\d+) / (\d+) / (\d+) \| ([\d.]+)M \|", MODEL_PAGE.read_text(),
                     flags=re.MULTILINE)
   table = {name: ((int(n), int(d), int(h)), params) for name, n, d, h, params in rows}
   assert sorted(table) == sorted(EXACT)

@@ -29,7 +29,8 @@ EXIT_DOES_NOT_FIT = 1
 __getattr__ = cli.moved_names(__name__, {"format_table": "jaxencoder.aot.compile_report.format_report"})
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
+  """jaxencoder-compile's flags (the CLI reference renders its help)."""
   parser = argparse.ArgumentParser(prog="jaxencoder-compile", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", required=True, help="a configs/*.py file")
@@ -46,6 +47,11 @@ def parse_args(argv):
   parser.add_argument("--steps", default="train,eval", help="which steps: train, eval or both")
   parser.add_argument("--json", action="store_true", help="print the report as JSON")
   cli.add_verbose_flag(parser)
+  return parser
+
+
+def parse_args(argv):
+  parser = build_parser()
   args, overrides = cli.parse_with_overrides(parser, argv)
   steps = [s.strip() for s in args.steps.split(",") if s.strip()]
   if not steps or set(steps) - {"train", "eval"}:

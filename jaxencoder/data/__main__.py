@@ -113,9 +113,8 @@ def _prepare_parser(sub):
                  help="rebuild even if the sources are unchanged")
 
 
-def main(argv=None):
-  logging.basicConfig(level=logging.WARNING, format="%(message)s")
-  logging.getLogger("jaxencoder").setLevel(logging.INFO)
+def build_parser() -> argparse.ArgumentParser:
+  """jaxencoder-data's commands and flags (the CLI reference renders their help)."""
   parser = argparse.ArgumentParser(prog="jaxencoder-data", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = parser.add_subparsers(dest="cmd", required=True)
@@ -133,7 +132,13 @@ def main(argv=None):
   p.add_argument("--seq-len", type=int, default=128)
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--json", action="store_true")
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None):
+  logging.basicConfig(level=logging.WARNING, format="%(message)s")
+  logging.getLogger("jaxencoder").setLevel(logging.INFO)
+  args = build_parser().parse_args(argv)
   commands = {"fetch": lambda a: print(fetch_lib.fetch(a.name, a.data_dir)),
               "prepare": _prepare, "stats": _stats}
   cli.run_main(lambda: commands[args.cmd](args))

@@ -31,7 +31,8 @@ __getattr__ = cli.moved_names(__name__, {
     for name in ("read_model", "tokenizer_file", "classifier_task", "write", "TOOL")})
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+  """jaxencoder-export's flags (the CLI reference renders its help)."""
   p = argparse.ArgumentParser(prog="jaxencoder-export", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--run", help="a train.py workdir or converted checkpoint (latest step)")
@@ -45,7 +46,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--overwrite", action="store_true",
                  help="write into an --out that this command wrote earlier")
   cli.add_verbose_flag(p)
-  return p.parse_args(argv)
+  return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  return build_parser().parse_args(argv)
 
 
 def main(argv=None) -> None:

@@ -32,7 +32,8 @@ __getattr__ = cli.moved_names(__name__, {
     "image_size": "jaxencoder.cli.parse_image_size"})
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+  """jaxencoder-convert's flags (the CLI reference renders its help)."""
   parser = argparse.ArgumentParser(prog="jaxencoder-convert", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--from", dest="source", help="SRC (required)")
@@ -57,6 +58,11 @@ def main(argv=None) -> None:
   parser.add_argument("--overwrite", action="store_true",
                       help="replace a --to directory that this command wrote earlier (all of it)")
   cli.add_verbose_flag(parser)
+  return parser
+
+
+def main(argv=None) -> None:
+  parser = build_parser()
   args = parser.parse_args(argv)
   if args.where:
     print(cli.run_main(lambda: named_checkpoint(args.where)))

@@ -36,7 +36,8 @@ __getattr__ = cli.moved_names(__name__, {
     **{name: f"jaxencoder.probing.study.{name}" for name in ("headline", "summary")}})
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+  """jaxencoder-probe's flags (the CLI reference renders its help)."""
   p = argparse.ArgumentParser(prog="jaxencoder-probe", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   source = p.add_mutually_exclusive_group(required=True)
@@ -86,7 +87,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="--similarity: the unbiased HSIC estimator (Song et al. 2012)")
   p.add_argument("--collapse", default="{}", help='JSON, e.g. {"max_mean_cosine": 0.95}')
   p.add_argument("--health", default="{}", help='JSON, e.g. {"max_gap": 0.2}')
-  return p.parse_args(argv)
+  return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  return build_parser().parse_args(argv)
 
 
 def check_study_flags(args: argparse.Namespace) -> None:

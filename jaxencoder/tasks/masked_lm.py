@@ -175,7 +175,7 @@ def sentence_pair_sums(mlm: Sums, pair_logits_Bx2, pair_labels_B, weights_B) -> 
 class MaskedLM(Family):
   names = ("mlm", *SENTENCE_PAIRS.values())
   options = {
-      # mlm: "" | nsp | sop: + a pair head on sentence pairs (README "Sentence-pair
+      # mlm: "" | nsp | sop: + a pair head on sentence pairs (docs/tasks.md, "Sentence-pair
       # objectives"); the same as task mlm_nsp / mlm_sop
       "sentence_pair": "",
       # masked tasks: MLM logits at M gathered positions per row; -1: auto; 0: everywhere

@@ -27,7 +27,8 @@ __getattr__ = cli.moved_names(__name__, {
     "check_writable_workdir": "jaxencoder.train.preflight.check_writable_workdir"})
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
+  """jaxencoder-train's flags (the CLI reference renders its help)."""
   parser = argparse.ArgumentParser(prog="jaxencoder-train", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", help="a configs/*.py file (optional with --eval_only)")
@@ -42,6 +43,11 @@ def parse_args(argv):
   group.add_argument("--coordinator_address", help="host:port of process 0")
   group.add_argument("--num_processes", type=int)
   group.add_argument("--process_id", type=int)
+  return parser
+
+
+def parse_args(argv):
+  parser = build_parser()
   args, overrides = cli.parse_with_overrides(parser, argv)
   if args.workdir is None and not args.print_config:
     parser.error("the following arguments are required: --workdir")

@@ -28,7 +28,7 @@ from jaxencoder.train.sharding import DEFAULT_RULES, batch_devices
 
 log = logging.getLogger("jaxencoder")
 
-# config.rng_impl -> jax's PRNG implementation (README "Training": the determinism trade-off).
+# config.rng_impl -> jax's PRNG implementation (docs/training.md: the determinism trade-off).
 RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
 
 
@@ -48,7 +48,7 @@ def encoder_config(config: ml_collections.ConfigDict) -> EncoderConfig:
 def base_config() -> ml_collections.ConfigDict:
   """Defaults shared by every config; see configs/ for runnable variants."""
   c = ml_collections.ConfigDict()
-  c.task = "mlm"  # a name in jaxencoder/tasks/registry.py (README "Heads and tasks")
+  c.task = "mlm"  # a name in jaxencoder/tasks/registry.py (docs/tasks.md)
   # Task options (each read by its task's family: jaxencoder/tasks/*.py, with comments)
   for key, value in registry.options().items():
     c[key] = ml_collections.ConfigDict(value) if isinstance(value, dict) else value

@@ -4,7 +4,7 @@ config at every step, the logged values over it), the gradient norm and the thro
 
   jaxencoder-plot RUN_DIR [--out DIR]     # default: RUN_DIR/plots (local runs)
 
-For live curves, TensorBoard reads RUN_DIR/tensorboard (README: "Looking at a run").
+For live curves, TensorBoard reads RUN_DIR/tensorboard (docs/training.md, "Looking at a run").
 """
 
 from __future__ import annotations
@@ -109,12 +109,17 @@ def figures(records, config: dict[str, Any], *, title: str = "") -> dict[str, An
   return out
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+  """jaxencoder-plot's flags (the CLI reference renders its help)."""
   parser = argparse.ArgumentParser(prog="jaxencoder-plot", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("run", help="a train.py workdir")
   parser.add_argument("--out", help="output directory (default: RUN/plots)")
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None) -> None:
+  args = build_parser().parse_args(argv)
   out = args.out or pathlib.Path(args.run) / "plots"
   paths = cli.run_main(lambda: plot_metrics(args.run, out))
   print("wrote " + ", ".join(str(p) for p in paths))

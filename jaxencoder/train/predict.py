@@ -272,7 +272,8 @@ def _encode(p: Predictor, lines: list[str]) -> tuple[dict, tuple]:
   return batch, (batch["input_ids"], batch["attention_mask"], types)
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+  """jaxencoder-predict's flags (the CLI reference renders its help)."""
   parser = argparse.ArgumentParser(prog="jaxencoder-predict", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--run", required=True, help="a train.py workdir (local or gs://)")
@@ -288,7 +289,11 @@ def main(argv=None) -> None:
                       "--out ends in .jsonl, else text)")
   parser.add_argument("--batch-size", type=_positive, default=BATCH,
                       help=f"lines per forward pass (default: {BATCH})")
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None) -> None:
+  args = build_parser().parse_args(argv)
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
   cli.run_main(lambda: _main(args))
 

@@ -1,4 +1,4 @@
-"""README "Your own data": each recipe's commands run as written, on tiny made-up files.
+"""docs/own_data.md "Recipes": each recipe's commands run as written, on tiny made-up files.
 
 Only the training steps are shrunk (flags appended to the `jaxencoder-train` line), so a
 recipe takes seconds of training instead of minutes.
@@ -14,15 +14,15 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "own_data.md"
 TINY = ("--config.num_train_steps=2 --config.eval_every=2 --config.checkpoint_every=2 "
         "--config.log_every=1 --config.batch_size=4 --config.eval_batch_size=4 "
         "--config.progress_bar=false")
 
 
 def recipes() -> list[list[str]]:
-  """The bash blocks under "### Your own data", each a list of its commands."""
-  section = README.read_text().split("### Your own data\n", 1)[1].split("\n### ", 1)[0]
+  """The bash blocks under "## Recipes", each a list of its commands."""
+  section = PAGE.read_text().split("## Recipes\n", 1)[1].split("\n## ", 1)[0]
   blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)
   return [[line for line in block.splitlines() if line.strip()] for block in blocks]
 
