@@ -18,6 +18,9 @@ import threading
 import time
 from collections.abc import Iterator
 
+import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 
 def _style(enabled: bool, stream) -> str:
   """'bar', 'lines' or 'off'."""
@@ -63,8 +66,6 @@ class Progress:
     self._closed = False
     self._logs = contextlib.ExitStack()
     if self.style == "bar":
-      import tqdm
-      from tqdm.contrib.logging import logging_redirect_tqdm
       self._tqdm = tqdm.tqdm(total=total, initial=initial, desc=desc, unit=unit,
                              dynamic_ncols=True, file=self._stream,
                              unit_scale=unit == "B")

@@ -33,6 +33,7 @@ import tokenizers
 from etils import epath
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from jaxencoder import cli
 from jaxencoder.io.paths import as_path, local_copy, make_dirs
 
 log = logging.getLogger("jaxencoder")
@@ -405,7 +406,6 @@ def main(argv=None):
   p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
   p.add_argument("--min-frequency", type=int, default=2)
   args = parser.parse_args(argv)
-  from jaxencoder import cli
   command = encode_command if args.cmd == "encode" else train_command
   cli.run_main(lambda: command(args))
 
@@ -421,7 +421,6 @@ def encode_command(args) -> None:
 def named_tokenizer(path_or_name: str) -> str:
   """A tokenizer path, or DEFAULT_NAME's: the MiniLM vocab. A path that does not exist
   is a FileNotFoundError, naming DEFAULT_NAME when it is close."""
-  from jaxencoder import cli
   if path_or_name == DEFAULT_NAME:
     path = default_tokenizer_path()
     if path is None:

@@ -15,12 +15,17 @@ ONNX needs `pip install 'jaxencoder[export]'` and `pip install --no-deps jax2onn
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
+import logging
 import pathlib
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
 from jaxencoder import cli
+from jaxencoder.export import onnx_matmul
 
 if TYPE_CHECKING:  # JAX loads on use: `--help` answers at once
   from jaxencoder.config import EncoderConfig
@@ -48,8 +53,8 @@ class Servable:
 
   def input_specs(self) -> list:
     """ShapeDtypeStructs [B, L] sharing the symbolic dims B and L."""
-    import jax
-    import jax.numpy as jnp
+    import jax  # lazy: --help stays fast (jaxencoder-export loads this module)
+    import jax.numpy as jnp  # lazy: --help stays fast
     limit = [f"L <= {self.max_len}"] if self.max_len else []
     shape = jax.export.symbolic_shape("B, L", constraints=limit)
     return [jax.ShapeDtypeStruct(shape, jnp.int32) for _ in self.inputs]
@@ -58,7 +63,7 @@ class Servable:
 def servable(cfg: EncoderConfig, params, *, head=None, **info) -> Servable:
   """Encoder params -> last_hidden_state and pooled; with `head` (an EncoderClassifier)
   and its task params -> logits. `info`: Servable's source / labels."""
-  from jaxencoder.encoder import Encoder
+  from jaxencoder.encoder import Encoder  # lazy: --help stays fast
   if cfg.input_kind != "text":
     raise ValueError(f"export takes text encoders; this model's input_kind is "
                      f"{cfg.input_kind!r}")
@@ -79,7 +84,7 @@ def servable(cfg: EncoderConfig, params, *, head=None, **info) -> Servable:
 
 def trace(s: Servable, fmt: str) -> tuple:
   """(ClosedJaxpr, input specs) of the model; Unsupported names a host callback in it."""
-  import jax
+  import jax  # lazy: --help stays fast
   specs = s.input_specs()
   closed = jax.make_jaxpr(s.fn)(*specs)
   callbacks = sorted({p for p in primitives(closed.jaxpr) if "callback" in p})
@@ -91,7 +96,7 @@ def trace(s: Servable, fmt: str) -> tuple:
 
 def primitives(jaxpr) -> set[str]:
   """Names of the primitives in a jaxpr and the jaxprs inside it."""
-  from jax.extend.core import jaxprs_in_params
+  from jax.extend.core import jaxprs_in_params  # lazy: --help stays fast
   names = set()
   for eqn in jaxpr.eqns:
     names.add(eqn.primitive.name)
@@ -102,7 +107,7 @@ def primitives(jaxpr) -> set[str]:
 
 def export_stablehlo(s: Servable, path, platforms=PLATFORMS) -> None:
   """Writes `jax.export`'s serialized program (StableHLO + calling convention)."""
-  import jax
+  import jax  # lazy: --help stays fast
   _, specs = trace(s, "stablehlo")
   exported = jax.export.export(jax.jit(s.fn), platforms=platforms)(*specs)
   pathlib.Path(path).write_bytes(exported.serialize())
@@ -111,7 +116,7 @@ def export_stablehlo(s: Servable, path, platforms=PLATFORMS) -> None:
 def export_onnx(s: Servable, path, *, matmul: bool = True) -> None:
   """Writes an ONNX model (opset 23) with the dims B and L symbolic; `matmul`: its dense
   layers' Einsums as MatMuls (onnx_matmul.py)."""
-  from jax.extend.core import jaxpr_as_fun
+  from jax.extend.core import jaxpr_as_fun  # lazy: --help stays fast
   to_onnx, version = _jax2onnx()
   # Traced by JAX first: jax2onnx 0.17.1 traces jnp.arange itself and makes a symbolic
   # stop a data-dependent dim, which masks.make_attention_mask cannot index; its jaxpr
@@ -127,16 +132,13 @@ def export_onnx(s: Servable, path, *, matmul: bool = True) -> None:
     raise Unsupported(f"onnx: jax2onnx {version} has no conversion for JAX primitive "
                       f"{op.group(1) if op else str(e)!r}; try --format stablehlo") from None
   if matmul:
-    from jaxencoder.export.onnx_matmul import einsums_to_matmul
-    einsums_to_matmul(path)
+    onnx_matmul.einsums_to_matmul(path)
 
 
 def _jax2onnx():
   """(jax2onnx.to_onnx, its version), its chatter quiet; a UserError naming the install."""
-  import importlib.metadata
-  import logging
   try:
-    from jax2onnx import to_onnx
+    from jax2onnx import to_onnx  # lazy: optional extra export (jax2onnx, installed apart)
   except ImportError:
     raise cli.UserError("--format onnx needs jax2onnx and onnxruntime: pip install "
                         "'jaxencoder[export]' && pip install --no-deps jax2onnx==0.17.1") from None
@@ -163,21 +165,19 @@ def load_exported(out) -> Callable[..., list]:
 
 def runner(fmt: str, path, names) -> Callable[..., list]:
   """Runs an exported file: jax.export.deserialize(...).call or an onnxruntime session."""
-  import numpy as np
   as_int32 = lambda arrays: [np.asarray(a, np.int32) for a in arrays]
   if fmt == "stablehlo":
-    import jax
+    import jax  # lazy: --help stays fast
     call = jax.jit(jax.export.deserialize(pathlib.Path(path).read_bytes()).call)
     return lambda *arrays: [np.asarray(y) for y in call(*as_int32(arrays))]
-  import onnxruntime
+  import onnxruntime  # lazy: optional extra export (onnxruntime)
   session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
   return lambda *arrays: session.run(None, dict(zip(names, as_int32(arrays))))
 
 
 def check(s: Servable, fmt: str, path) -> dict[str, float]:
   """Max |exported - JAX| per output on a padded batch of CHECK_SHAPE random ids."""
-  import jax
-  import numpy as np
+  import jax  # lazy: --help stays fast
   arrays = example_batch(s, *CHECK_SHAPE)
   expected = jax.jit(s.fn)(*arrays)
   got = runner(fmt, path, s.inputs)(*arrays)
@@ -188,7 +188,6 @@ def check(s: Servable, fmt: str, path) -> dict[str, float]:
 def example_batch(s: Servable, batch: int, length: int, seed: int = 0) -> list:
   """Random int32 inputs [batch, length], right-padded: row b has max(1, length - b *
   max(1, length // (2 * batch))) real tokens; type ids 0 for the first half, then 1."""
-  import numpy as np
   rng = np.random.default_rng(seed)
   ids_BxL = rng.integers(1, s.cfg.vocab_size, (batch, length), dtype=np.int32)
   real_B = np.maximum(length - np.arange(batch) * max(length // (2 * batch), 1), 1)
@@ -199,7 +198,7 @@ def example_batch(s: Servable, batch: int, length: int, seed: int = 0) -> list:
 
 def describe(s: Servable, fmt: str, **extra) -> dict[str, Any]:
   """export.json: what to feed the exported model and what comes back."""
-  import jax
+  import jax  # lazy: --help stays fast
   dims = lambda shape: [d if isinstance(d, int) else str(d) for d in shape]
   specs = s.input_specs()
   outs = jax.eval_shape(s.fn, *specs)

@@ -37,19 +37,22 @@ import logging
 import pathlib
 from typing import TYPE_CHECKING
 
+import ml_collections
 import numpy as np
 
 from jaxencoder import cli
 from jaxencoder import progress as progress_lib
+from jaxencoder.config import EncoderConfig
 from jaxencoder.errors import first_line
+from jaxencoder.io import outputs as outputs_lib
+from jaxencoder.io import run_record
+from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
 
 if TYPE_CHECKING:  # the model side loads on use: `--help` imports no JAX or Flax
   import flax.linen as nn
 
-  from jaxencoder.config import EncoderConfig
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.tasks.base import Family
-  from jaxencoder.tokenizer import Tokenizer
 
 BATCH = 32  # lines per forward pass (--batch-size)
 log = logging.getLogger("jaxencoder")
@@ -85,8 +88,7 @@ class Predictor:
 def load(run_path, step: int | None = None) -> Predictor:
   """The run's model at `step`; by default at its newest step that restores (a damaged
   newer one is skipped with a warning, as training skips it on resume). Reads only."""
-  from jaxencoder.io.run_dir import RunDir
-  from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
+  from jaxencoder.io.run_dir import RunDir  # lazy: --help stays fast
   run = RunDir.open(run_path)
   p, config = _restore(run, run_path, step)
   cfg = p.cfg
@@ -125,7 +127,7 @@ def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
 
 
 def _restore_step(run: RunDir, run_path, step: int) -> tuple[Predictor, dict]:
-  from jaxencoder.config import EncoderConfig
+  # lazy: --help stays fast
   from jaxencoder.io.checkpoint import restore_params_only
   from jaxencoder.restore_targets import abstract_params
   from jaxencoder.tasks import registry
@@ -154,10 +156,7 @@ def _label_names(run: RunDir, config: dict) -> tuple[list[str] | None, bool]:
   """(class names, whether the run stored them): those in its run_record.json; for a run
   made before runs recorded them, those of its prepared dataset as it is now (with a
   warning), if it can still be opened."""
-  import ml_collections
-
-  from jaxencoder.io import run_record
-  from jaxencoder.train import datasets
+  from jaxencoder.train import datasets  # lazy: --help stays fast
   record = run_record.read(run.path)
   if record is not None and "labels" in record:
     return record["labels"], True
@@ -175,8 +174,8 @@ def _label_names(run: RunDir, config: dict) -> tuple[list[str] | None, bool]:
 def _check_head_size(run: RunDir, abstract: dict, names: list[str], step: int) -> None:
   """UnsupportedRun when the head's stored outputs are not as many as today's classes (the
   dataset gained or lost one since training): not a damaged checkpoint."""
+  # lazy: --help stays fast
   import jax
-
   from jaxencoder.io.checkpoint import reader
   manager = reader(run.checkpoint_dir)
   try:
@@ -267,7 +266,7 @@ def _nan_rows(values_KxC: np.ndarray, blank_N: np.ndarray) -> np.ndarray:
 
 
 def _no_scores(task: str) -> str:
-  from jaxencoder.tasks import registry
+  from jaxencoder.tasks import registry  # lazy: --help stays fast
   scored = [name for family in registry.TASK_FAMILIES for name in family.scored]
   return (f"--scores: a {task!r} run has no per-class scores (its prediction is the whole "
           f"output); scores come with {', '.join(scored)} runs")
@@ -351,10 +350,10 @@ def read_lines(path) -> list[str]:
 
 def _check_out(out, args) -> None:
   """Refuses an output file that is the --input file or lies in the run (or its tokenizer)."""
-  from jaxencoder.io import outputs
-  from jaxencoder.io.run_dir import RunDir
-  inputs = [("--input", args.input), *outputs.run_inputs("--run", RunDir.open(args.run))]
-  outputs.check_apart(("--out", out), inputs)
+  from jaxencoder.io.run_dir import RunDir  # lazy: --help stays fast
+  run = RunDir.open(args.run)
+  inputs = [("--input", args.input), *outputs_lib.run_inputs("--run", run)]
+  outputs_lib.check_apart(("--out", out), inputs)
 
 
 def _emit(out: str | None, rows: list[str], what: str) -> None:
