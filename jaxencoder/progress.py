@@ -18,9 +18,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
-
 
 def _style(enabled: bool, stream) -> str:
   """'bar', 'lines' or 'off'."""
@@ -66,6 +63,9 @@ class Progress:
     self._closed = False
     self._logs = contextlib.ExitStack()
     if self.style == "bar":
+      # lazy: --help stays fast (jaxencoder-predict imports this module)
+      import tqdm
+      from tqdm.contrib.logging import logging_redirect_tqdm
       self._tqdm = tqdm.tqdm(total=total, initial=initial, desc=desc, unit=unit,
                              dynamic_ncols=True, file=self._stream,
                              unit_scale=unit == "B")

@@ -22,8 +22,6 @@ import pathlib
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
-
 from jaxencoder import cli
 from jaxencoder.export import onnx_matmul
 
@@ -165,6 +163,7 @@ def load_exported(out) -> Callable[..., list]:
 
 def runner(fmt: str, path, names) -> Callable[..., list]:
   """Runs an exported file: jax.export.deserialize(...).call or an onnxruntime session."""
+  import numpy as np  # lazy: --help stays fast
   as_int32 = lambda arrays: [np.asarray(a, np.int32) for a in arrays]
   if fmt == "stablehlo":
     import jax  # lazy: --help stays fast
@@ -177,7 +176,9 @@ def runner(fmt: str, path, names) -> Callable[..., list]:
 
 def check(s: Servable, fmt: str, path) -> dict[str, float]:
   """Max |exported - JAX| per output on a padded batch of CHECK_SHAPE random ids."""
-  import jax  # lazy: --help stays fast
+  # lazy: --help stays fast
+  import jax
+  import numpy as np
   arrays = example_batch(s, *CHECK_SHAPE)
   expected = jax.jit(s.fn)(*arrays)
   got = runner(fmt, path, s.inputs)(*arrays)
@@ -188,6 +189,7 @@ def check(s: Servable, fmt: str, path) -> dict[str, float]:
 def example_batch(s: Servable, batch: int, length: int, seed: int = 0) -> list:
   """Random int32 inputs [batch, length], right-padded: row b has max(1, length - b *
   max(1, length // (2 * batch))) real tokens; type ids 0 for the first half, then 1."""
+  import numpy as np  # lazy: --help stays fast
   rng = np.random.default_rng(seed)
   ids_BxL = rng.integers(1, s.cfg.vocab_size, (batch, length), dtype=np.int32)
   real_B = np.maximum(length - np.arange(batch) * max(length // (2 * batch), 1), 1)

@@ -37,22 +37,19 @@ import logging
 import pathlib
 from typing import TYPE_CHECKING
 
-import ml_collections
 import numpy as np
 
 from jaxencoder import cli
 from jaxencoder import progress as progress_lib
 from jaxencoder.config import EncoderConfig
 from jaxencoder.errors import first_line
-from jaxencoder.io import outputs as outputs_lib
-from jaxencoder.io import run_record
-from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
 
 if TYPE_CHECKING:  # the model side loads on use: `--help` imports no JAX or Flax
   import flax.linen as nn
 
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.tasks.base import Family
+  from jaxencoder.tokenizer import Tokenizer
 
 BATCH = 32  # lines per forward pass (--batch-size)
 log = logging.getLogger("jaxencoder")
@@ -88,7 +85,9 @@ class Predictor:
 def load(run_path, step: int | None = None) -> Predictor:
   """The run's model at `step`; by default at its newest step that restores (a damaged
   newer one is skipped with a warning, as training skips it on resume). Reads only."""
-  from jaxencoder.io.run_dir import RunDir  # lazy: --help stays fast
+  # lazy: --help stays fast
+  from jaxencoder.io.run_dir import RunDir
+  from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
   run = RunDir.open(run_path)
   p, config = _restore(run, run_path, step)
   cfg = p.cfg
@@ -156,7 +155,10 @@ def _label_names(run: RunDir, config: dict) -> tuple[list[str] | None, bool]:
   """(class names, whether the run stored them): those in its run_record.json; for a run
   made before runs recorded them, those of its prepared dataset as it is now (with a
   warning), if it can still be opened."""
-  from jaxencoder.train import datasets  # lazy: --help stays fast
+  # lazy: --help stays fast
+  import ml_collections
+  from jaxencoder.io import run_record
+  from jaxencoder.train import datasets
   record = run_record.read(run.path)
   if record is not None and "labels" in record:
     return record["labels"], True
@@ -350,7 +352,9 @@ def read_lines(path) -> list[str]:
 
 def _check_out(out, args) -> None:
   """Refuses an output file that is the --input file or lies in the run (or its tokenizer)."""
-  from jaxencoder.io.run_dir import RunDir  # lazy: --help stays fast
+  # lazy: --help stays fast
+  from jaxencoder.io import outputs as outputs_lib
+  from jaxencoder.io.run_dir import RunDir
   run = RunDir.open(args.run)
   inputs = [("--input", args.input), *outputs_lib.run_inputs("--run", run)]
   outputs_lib.check_apart(("--out", out), inputs)
