@@ -352,6 +352,7 @@ def _splash_mha(q_len: int, kv_len: int, num_heads: int, causal: bool,
   """A splash kernel for padded lengths (multiples of 128). Built at each trace (its mask
   tables are numpy work at trace time; cached kernels would carry one trace's arrays
   into another)."""
+  # lazy: optional extra tpu (the splash kernel runs on TPU; CPU tests interpret it)
   from jax.experimental.pallas.ops.tpu.splash_attention import (
       splash_attention_kernel as splash, splash_attention_mask as masks)
   shape = (q_len, kv_len)
@@ -384,6 +385,7 @@ def _pad_rows(x, length: int, axis: int = 1):
 
 def _splash_local(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, q_segments_BxQ, kv_segments_BxL, *,
                   causal, sliding_window, interpret):
+  # lazy: optional extra tpu (the splash kernel runs on TPU; CPU tests interpret it)
   from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import (
       SegmentIds)
   q_len, kv_len = q_BxQxHxK.shape[1], k_BxLxHxK.shape[1]

@@ -63,6 +63,7 @@ class Progress:
     self._closed = False
     self._logs = contextlib.ExitStack()
     if self.style == "bar":
+      # lazy: --help stays fast (jaxencoder-predict imports this module)
       import tqdm
       from tqdm.contrib.logging import logging_redirect_tqdm
       self._tqdm = tqdm.tqdm(total=total, initial=initial, desc=desc, unit=unit,

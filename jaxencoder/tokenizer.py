@@ -33,6 +33,7 @@ import tokenizers
 from etils import epath
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from jaxencoder import cli
 from jaxencoder.io.paths import as_path, local_copy, make_dirs
 
 log = logging.getLogger("jaxencoder")
@@ -410,7 +411,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
-  from jaxencoder import cli
   command = encode_command if args.cmd == "encode" else train_command
   cli.run_main(lambda: command(args))
 
@@ -426,7 +426,6 @@ def encode_command(args) -> None:
 def named_tokenizer(path_or_name: str) -> str:
   """A tokenizer path, or DEFAULT_NAME's: the MiniLM vocab. A path that does not exist
   is a FileNotFoundError, naming DEFAULT_NAME when it is close."""
-  from jaxencoder import cli
   if path_or_name == DEFAULT_NAME:
     path = default_tokenizer_path()
     if path is None:

@@ -228,4 +228,3 @@ def test_plot_legends_sit_right_of_the_axes_covering_no_data(plot, tmp_path, mon
   renderer = fig.canvas.get_renderer()
   ax = fig.axes[0]
   assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
-  probe_report.pyplot().close(fig)

@@ -66,7 +66,7 @@ def main(argv=None) -> None:
   logging.getLogger("jaxencoder").setLevel(logging.INFO)
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
   result = cli.run_main(lambda: run(args, overrides), (UnknownTopologyError,))
-  from jaxencoder.aot.compile_report import format_report  # here: --help loads no JAX
+  from jaxencoder.aot.compile_report import format_report  # lazy: --help stays fast
   print(json.dumps(result, indent=1) if args.json else format_report(result))
   if not result["fits"]:
     print(result["verdict"], file=sys.stderr)
@@ -75,7 +75,7 @@ def main(argv=None) -> None:
 
 def run(args, overrides) -> dict:
   """Loads the config, compiles for the target, returns the report (a JSON-able dict)."""
-  # Imported here: --help loads no JAX.
+  # lazy: --help stays fast
   from jaxencoder.aot.compile_report import compile_config
   from jaxencoder.train.config import apply_overrides
   from jaxencoder.train.config_file import load_config

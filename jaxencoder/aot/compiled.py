@@ -21,7 +21,7 @@ from jaxencoder.aot import hlo
 from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
 from jaxencoder.train.batch_shapes import abstract_batch, batch_shapes, zeros_batch
-from jaxencoder.train.config import encoder_config
+from jaxencoder.train.config import encoder_config, rng_key  # the loop's dropout key
 from jaxencoder.train.optim import make_optimizer, trainable_mask
 from jaxencoder.train.parallel import compile_timed
 from jaxencoder.tasks.registry import task_from_config
@@ -126,7 +126,6 @@ def one_line(error: Exception) -> str:
 def compile_step(built: Built, name: str, batch_size: int, *,
                  group: int | None = None) -> StepReport:
   """Compiles the train (state donated) or eval step for a global batch of `batch_size`."""
-  from jaxencoder.train.loop import rng_key  # the loop's dropout key: same program
   config = built.config
   unit = batch_unit(built)
   if batch_size % unit:

@@ -16,6 +16,7 @@ import os
 import re
 from typing import Any
 
+from jaxencoder import cli
 from jaxencoder.tpu_host import quiet_libtpu_probe
 
 GIB = 1 << 30
@@ -167,7 +168,6 @@ def parse_target(name: str, slices: int = 1) -> Target:
 
 def _did_you_mean(text: str, match) -> str:
   """"did you mean v5e-8? " for a misspelt generation (v5f-8), else ""."""
-  from jaxencoder import cli
   suffix = text[len(match.group(1)):] if match else ""
   names = [f"{generation}{suffix}" for generation in (*CHIPS, *ALIASES, *GPUS)]
   return f"{hint} " if (hint := cli.did_you_mean(text, names)) else ""
@@ -194,7 +194,7 @@ def _gpu_devices(target: Target) -> list:
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
   if "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {GPU_AOT_XLA_FLAGS}".strip()
-  from jax.experimental import topologies
+  from jax.experimental import topologies  # lazy: --help stays fast
   try:
     topology = topologies.get_topology_desc(platform="cuda", topology=target.topology_name,
                                             target_config=gpu_target_config(target.chip))
@@ -211,7 +211,8 @@ def target_devices(target: Target) -> list:
   if target.chip.platform == "gpu":
     return _gpu_devices(target)
   quiet_libtpu_probe()
-  from jax.experimental import topologies  # after the probe's variables are set
+  # lazy: --help stays fast (and it loads after the probe's variables are set)
+  from jax.experimental import topologies
   kwargs = {}
   if target.chip.megacore:
     kwargs["chip_config_name"] = "megacore"

@@ -34,7 +34,7 @@ def _source_name(name: str) -> str:
 
 
 def _stats(args):
-  # Imported here (as in _prepare): --help loads no tfds, grain or JAX.
+  # lazy: --help stays fast (no tfds, grain or JAX)
   from jaxencoder import tokenizer as tok_lib
   from jaxencoder.data import builders, sources, stats
   tok_path = args.tokenizer or tok_lib.default_tokenizer_path()
@@ -59,7 +59,7 @@ def _stats(args):
 
 
 def _prepare(args):
-  from jaxencoder.data import builders, stats  # here: --help loads no tfds, grain or JAX
+  from jaxencoder.data import builders, stats  # lazy: --help stays fast
   names = ("pattern", "unit", "encoding", "text_column", "text_b_column", "label_column",
            "tokenizer", "text_feature", "tfds_data_dir")
   options = {k: getattr(args, k) for k in names if getattr(args, k) is not None}

@@ -33,13 +33,16 @@ import re
 import tempfile
 import types
 
+import fsspec
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
+from tensorflow_datasets.core import shuffle
 
-from jaxencoder.data import kinds, readers, shakespeare_tasks, sources, token_ids
+from jaxencoder.data import fetch, kinds, readers, shakespeare_tasks, sources, token_ids
 from jaxencoder.data.source_config import DESCRIPTION, SourceConfig
 from jaxencoder.io import paths
+from jaxencoder.tokenizer import Tokenizer
 
 log = logging.getLogger("jaxencoder")
 
@@ -208,7 +211,6 @@ def tfds_documents(builder, split: str, feature: str):
 def _tfds_builder(cfg: SourceConfig):
   """The prepared tfds dataset a text_corpus reads (`source`: its directory or
   "tfds:NAME"), with `text_feature` checked."""
-  from jaxencoder.data import sources
   name = cfg.source[len("tfds:"):] if cfg.source.startswith("tfds:") else cfg.source
   builder = sources.open_builder(name, cfg.tfds_data_dir)
   features = builder.info.features
@@ -530,7 +532,6 @@ def fingerprint(kind: str, config: SourceConfig) -> dict:
 
 
 def load_tokenizer(path):
-  from jaxencoder.tokenizer import Tokenizer
   return Tokenizer.from_file(path)
 
 
@@ -581,7 +582,6 @@ def _sha256(path) -> str:
   """sha256 of a local file's bytes; for an object in a bucket, the digest the store
   keeps (md5 / crc32c, with size and generation), so a bucket corpus is not read twice."""
   if paths.is_url(path):
-    import fsspec
     fs, _ = fsspec.core.url_to_fs(str(path))
     info = fs.info(str(path))
     kept = {k: info[k] for k in ("md5Hash", "crc32c", "size", "generation") if info.get(k)}
@@ -634,7 +634,6 @@ def _bounded_tfds_writer():
   jaxencoder install lacks, so a larger split failed. Here it spills past
   SORT_IN_MEMORY, to plain local files where TensorFlow is absent, so prepare's memory
   stays bounded for any corpus size (each bucket is sorted alone: 1/1000 of the split)."""
-  from tensorflow_datasets.core import shuffle
   saved = shuffle.MAX_MEM_BUFFER_SIZE, shuffle.tf
   shuffle.MAX_MEM_BUFFER_SIZE = SORT_IN_MEMORY
   if importlib.util.find_spec("tensorflow") is None:  # else its gfile writes the buckets
@@ -691,7 +690,6 @@ FETCHED = {
 def fetched(name) -> tuple[str, dict] | None:
   """(kind, prepare options) of a fetchable source: FETCHED's, or any UCR/UEA set
   `ucr/<NAME>` (a time_series); None for anything else."""
-  from jaxencoder.data import fetch
   if name in FETCHED:
     return FETCHED[name]
   return ("time_series", {}) if isinstance(name, str) and fetch.is_ucr_set(name) else None
@@ -703,7 +701,6 @@ def prepare_fetched(name: str, data_dir, tokenizer: str | None = None) -> epath.
   A UCR/UEA set `ucr/<NAME>` lands in tfds/time_series/ucr_<NAME>. `tokenizer`: a text
   corpus also stores its token ids (rebuilt when the tokenizer's content changes).
   """
-  from jaxencoder.data import fetch
   entry = fetched(name)
   if entry is None:
     raise ValueError(f"no preparation known for {name!r}; choose from {sorted(FETCHED)} "

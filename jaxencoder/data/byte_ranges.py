@@ -20,6 +20,7 @@ import threading
 from collections.abc import Sequence
 
 import numpy as np
+import tensorstore as ts
 
 from jaxencoder.io.paths import is_url
 
@@ -104,7 +105,6 @@ class RangeReader:
       raise OSError(f"{url}: ranged reads know gs:// and local files")
     store = self._stores.get(bucket)
     if store is None:
-      import tensorstore as ts  # only for gs://: local reading needs none of it
       with self._lock:
         store = self._stores.get(bucket)
         if store is None:

@@ -236,7 +236,7 @@ def read_lazyload(db: pathlib.Path, names) -> dict:
 def _rds(data: bytes):
   """RDS bytes -> Python (data frames as pandas); `rdata` is needed by fine_foods and
   austen only."""
-  import rdata
+  import rdata  # lazy: --help stays fast (jaxencoder-data imports this module)
   with warnings.catch_warnings():  # "assumed RDS", "missing constructor for tbl_df"
     warnings.simplefilter("ignore", UserWarning)
     return rdata.conversion.convert(rdata.parser.parse_data(data, extension=".rds"))

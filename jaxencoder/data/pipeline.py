@@ -43,7 +43,9 @@ import dataclasses
 from collections.abc import Sequence
 
 import grain
+import jax
 import numpy as np
+from absl import flags
 from grain import experimental as grain_exp
 
 from jaxencoder.data import mlm as mlm_lib
@@ -85,7 +87,6 @@ class PackSizes:
 
 def _shard(shard_index, shard_count) -> tuple[int, int]:
   if shard_index is None or shard_count is None:
-    import jax  # only the default needs jax
     shard_index, shard_count = jax.process_index(), jax.process_count()
   if not 0 <= shard_index < shard_count:
     raise ValueError(f"shard_index {shard_index} not in [0, {shard_count})")
@@ -168,7 +169,7 @@ def in_workers(batches: grain.MapDataset, num_threads: int = 0,
   """Iterates a dataset of whole batches, made by `workers` processes (0: in the caller)."""
   it = batches.to_iter_dataset(read_options(num_threads))
   if workers > 0:
-    from absl import flags  # grain's workers read its absl flags: defaults outside an app
+    # grain's workers read its absl flags: defaults outside an app
     if not flags.FLAGS.is_parsed():
       flags.FLAGS.mark_as_parsed()
     it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,

@@ -7,14 +7,15 @@ by record, through its own Cloud Storage client; nothing is copied.
 from __future__ import annotations
 
 import bisect
+import difflib
 import itertools
 
 import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.core.data_sources.base import file_instructions
 
-from jaxencoder.data import token_ids
-from jaxencoder.data.readers import DataError
+from jaxencoder.data import fetch, kinds, token_ids
+from jaxencoder.data.readers import DataError, find_files
 from jaxencoder.data.source_config import prepare_command
 from jaxencoder.io.paths import as_path
 
@@ -80,7 +81,6 @@ def open_builder(name: str, data_dir=None):
 
 def no_dataset_at(path: epath.Path) -> str:
   """One line: `path` holds no prepared dataset; what it holds, and how to prepare it."""
-  from jaxencoder.data.readers import find_files
   files = find_files(path, lambda name: not name.startswith("."))
   suffixes = sorted({p.suffix.lower() for p in files})
   kind = next((k for s, k in _KIND_OF_SUFFIX if s in suffixes), "KIND")
@@ -101,8 +101,6 @@ _KIND_OF_SUFFIX = ((".csv", "text_classification"), (".tsv", "text_classificatio
 def unknown_dataset(name: str, data_dir=None) -> str:
   """One line: `name` is no directory, prepared dataset or fetch source; those that exist,
   the closest first."""
-  import difflib
-  from jaxencoder.data import fetch
   fetchable = [s for s in fetch.SOURCES if s != "ucr"] + ["ucr/<NAME>"]
   ready = prepared(data_dir) if data_dir is not None else []
   names = {**{r.split("/", 1)[1]: r for r in ready}, **{r: r for r in fetchable + ready}}
@@ -117,7 +115,6 @@ def unknown_dataset(name: str, data_dir=None) -> str:
 
 def prepared(data_dir) -> list[str]:
   """`kind/name` of every dataset prepared under `data_dir` (a tfds data dir)."""
-  from jaxencoder.data import kinds
   root, found = as_path(data_dir), []
   for kind in kinds.names():
     if (root / kind).is_dir():

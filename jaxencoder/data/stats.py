@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxencoder.data import pipeline
+from jaxencoder.data import kinds, pipeline, sources, token_ids
 from jaxencoder.data.pipeline import Reading
-from jaxencoder.data.readers import as_text
+from jaxencoder.data.readers import DataError, as_text
 
 PERCENTILES = (50, 90, 95, 99, 100)
 
@@ -79,7 +79,6 @@ REPORT_LABELS = 8  # label counts shown per split; the rest summed
 def report(path, kind: str, tokenizer=None) -> list[str]:
   """A few lines on the prepared dataset at `path`: per split its examples, label counts
   (labelled kinds) and text lengths (in `tokenizer`'s tokens, else words)."""
-  from jaxencoder.data import kinds, sources, token_ids
   if sources.ids_only(path):
     splits, features = list(token_ids.read_manifest(path)["splits"]), {}
   else:
@@ -108,8 +107,6 @@ def report(path, kind: str, tokenizer=None) -> list[str]:
 
 def _stored(source, tokenizer):
   """`source`'s stored ids when they are `tokenizer`'s (token_ids.stored), else None."""
-  from jaxencoder.data import token_ids
-  from jaxencoder.data.readers import DataError
   if tokenizer is None:
     return None
   try:

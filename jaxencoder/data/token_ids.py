@@ -25,14 +25,18 @@ import hashlib
 import itertools
 import json
 import logging
+import multiprocessing
 import os
 import re
 import types
 from collections.abc import Sequence
 
 import numpy as np
+import tensorflow_datasets as tfds
 from etils import epath
 
+from jaxencoder import progress as progress_lib
+from jaxencoder.data import readers
 from jaxencoder.data.byte_ranges import BlockCache, RangeReader
 from jaxencoder.data.readers import DataError, as_text, check_not_empty
 
@@ -70,7 +74,6 @@ def write(dataset_dir, tokenizer, text_key: str = "text", *, processes: int | No
   """Tokenises every split of the prepared dataset at `dataset_dir` (local) into
   token_ids/ shards, then writes the manifest. `processes`: tokenising processes
   (default: the cores; a split of few records is tokenised in this one)."""
-  import tensorflow_datasets as tfds
   info = tfds.builder_from_directory(str(dataset_dir)).info
   out = epath.Path(dataset_dir) / DIR
   out.mkdir(parents=True, exist_ok=True)
@@ -126,7 +129,6 @@ def _run(fn, tasks, tokenizer, processes: int):
     for task in tasks:
       yield fn(*task)
     return
-  import multiprocessing
   with multiprocessing.get_context("spawn").Pool(processes, _init_worker, (tokenizer,)) as pool:
     pending = []
     for task in tasks:
@@ -140,7 +142,6 @@ def _run(fn, tasks, tokenizer, processes: int):
 def _encode_file(out: str, name: str, path: str, unit: str, encoding: str) -> dict:
   """Writes the token ids of one text file's documents as shards `name-NNNNN`; their
   manifest entry."""
-  from jaxencoder.data import readers
   writer = _ShardWriter(epath.Path(out), name)
   for group in _text_batches(readers.read_documents(path, unit=unit, encoding=encoding), "text"):
     tokens_Tx2, lengths_N = _encode_group(group, "text")
@@ -149,8 +150,7 @@ def _encode_file(out: str, name: str, path: str, unit: str, encoding: str) -> di
 
 
 def _progress(total: int, desc: str, enabled: bool, unit: str = "examples"):
-  from jaxencoder import progress
-  return progress.bar(total, desc, unit=unit, enabled=enabled)
+  return progress_lib.bar(total, desc, unit=unit, enabled=enabled)
 
 
 class _ShardWriter:
@@ -238,7 +238,6 @@ def _encode_range(dataset_dir: str, split: str, text_key: str, start: int,
   """(tokens [T, 2] int32, lengths [N] int64, text bytes) of records [start, stop)."""
   key = (dataset_dir, split)
   if key not in _WORKER:
-    import tensorflow_datasets as tfds
     _WORKER[key] = tfds.builder_from_directory(dataset_dir).as_data_source(split=split)
   examples = _WORKER[key].__getitems__(range(start, stop))
   tokens, lengths = [], []

@@ -57,7 +57,7 @@ def main(argv=None) -> None:
   args = parse_args(argv)
 
   def write() -> str:
-    # Imported here: --help loads no JAX, and run_main quiets the libraries first.
+    # lazy: --help stays fast (and run_main quiets the libraries first)
     from jaxencoder.export import writer
     return writer.write(args.out, args.format, run=args.run, pretrained=args.pretrained,
                         platforms=args.platforms.split(","), check=not args.no_check,

@@ -38,7 +38,7 @@ def einsums_to_matmul(path) -> int:
   """Rewrites, in the ONNX file at `path`, each Einsum that `matmul_plan` fits as
   [Transpose] + MatMul [+ Transpose]; returns how many. Weights stored beside it
   (external data) stay where they are."""
-  import onnx
+  import onnx  # lazy: optional extra export (onnx)
   model = onnx.load(str(path), load_external_data=False)
   nodes, count = [], 0
   for node in model.graph.node:

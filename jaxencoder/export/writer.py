@@ -11,9 +11,10 @@ import shutil
 import time
 from collections.abc import Sequence
 
-from jaxencoder import cli, export
+from jaxencoder import cli
 from jaxencoder import pretrained as hf
-from jaxencoder.export import CHECK_SHAPE, FILES, PLATFORMS, SPEC, Servable
+from jaxencoder.export import CHECK_SHAPE, FILES, PLATFORMS, SPEC, formats
+from jaxencoder.export.formats import Servable
 from jaxencoder.heads import EncoderClassifier
 from jaxencoder.io import outputs
 from jaxencoder.io.run_dir import RunDir
@@ -45,9 +46,9 @@ def write(out, fmt: str = "stablehlo", *, run: str | None = None,
     stale.unlink()
   start = time.perf_counter()
   if fmt == "onnx":
-    export.export_onnx(s, out / FILES[fmt])
+    formats.export_onnx(s, out / FILES[fmt])
   else:
-    export.export_stablehlo(s, out / FILES[fmt], tuple(platforms))
+    formats.export_stablehlo(s, out / FILES[fmt], tuple(platforms))
   seconds = time.perf_counter() - start
   extra = {"export_seconds": round(seconds, 2), "tokenizer": None}
   if fmt == "stablehlo":
@@ -57,10 +58,10 @@ def write(out, fmt: str = "stablehlo", *, run: str | None = None,
     extra["tokenizer"] = pathlib.Path(tokenizer).name
   note = ""
   if check:
-    diffs = export.check(s, fmt, out / FILES[fmt])
+    diffs = formats.check(s, fmt, out / FILES[fmt])
     extra["check"] = {"shape": list(CHECK_SHAPE), "max_abs_diff": diffs}
     note = f"; max |diff| vs JAX on a padded {CHECK_SHAPE} batch: {max(diffs.values()):.1e}"
-  (out / SPEC).write_text(json.dumps(export.describe(s, fmt, **extra), indent=2) + "\n")
+  (out / SPEC).write_text(json.dumps(formats.describe(s, fmt, **extra), indent=2) + "\n")
   outputs.mark(out, TOOL)
   size = sum(f.stat().st_size for f in out.glob("model.*")) / 2**20
   return (f"wrote {out / FILES[fmt]} ({size:.1f} MiB, {seconds:.1f} s; inputs "
@@ -81,7 +82,7 @@ def read_model(run: str | None, pretrained: str | None) -> tuple[Servable, str |
       raise FileNotFoundError(f"--pretrained {pretrained}: no config.json there (a Hugging "
                               "Face encoder directory)")
     cfg, params, _ = hf.load(pretrained)
-    return (export.servable(cfg, encoder_params(params), source={"pretrained": pretrained}),
+    return (formats.servable(cfg, encoder_params(params), source={"pretrained": pretrained}),
             tokenizer_file(pretrained))
   run_dir = RunDir.open(run)  # the newest step that restores (a damaged one: a warning)
   step, encoder = run_dir.newest_restorable(lambda s: stored_encoder(run_dir, step=s))
@@ -89,12 +90,12 @@ def read_model(run: str | None, pretrained: str | None) -> tuple[Servable, str |
   source = {"run": run, "step": step, "task": config.get("task")}
   if classifier_task(config, cfg):
     p = predict.load(run, step)  # with its head (the encoder is read again)
-    return (export.servable(p.cfg, p.params, head=p.model, source=source, labels=p.label_names),
+    return (formats.servable(p.cfg, p.params, head=p.model, source=source, labels=p.label_names),
             tokenizer_file(run_tokenizer(run_dir)))
   # As jaxencoder-convert: a converted directory without tokenizer files gets none.
   has_tokenizer = run_dir.tokenizer_path() or "data" in config
   tokenizer = tokenizer_file(run_tokenizer(run_dir)) if has_tokenizer else None
-  return export.servable(cfg, encoder, source=source), tokenizer
+  return formats.servable(cfg, encoder, source=source), tokenizer
 
 
 def tokenizer_file(path) -> str | None:

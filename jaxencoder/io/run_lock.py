@@ -25,6 +25,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
+import fsspec
+
 from jaxencoder.errors import UserError
 from jaxencoder.io.paths import as_path, is_url, make_dirs
 
@@ -265,7 +267,6 @@ class _UrlStore:
   ifGenerationMatch=0, which the store refuses (412) if the object exists."""
 
   def __init__(self, url: str):
-    import fsspec
     self.fs, self.path = fsspec.core.url_to_fs(url)
 
   def create(self, text: str) -> bool:

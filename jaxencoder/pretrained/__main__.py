@@ -71,7 +71,7 @@ def main(argv=None) -> None:
     parser.error("the following arguments are required: --from, --to (or --where NAME)")
 
   def run() -> str:
-    # Imported here: --help and --where load no JAX, and run_main quiets the libraries first.
+    # lazy: --help stays fast (and --where; run_main quiets the libraries first)
     from jaxencoder.pretrained.convert import convert
     return convert(args.source, args.target, scan_layers=args.scan_layers,
                    overwrite=args.overwrite, max_len=args.max_len, image_size=args.image_size,

@@ -304,7 +304,7 @@ def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
 def read_torch_weights(file: pathlib.Path) -> dict[str, np.ndarray]:
   """A torch state dict read with weights_only=True (no arbitrary unpickling)."""
   try:
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch  # lazy: optional extra parity (torch)
   except ImportError:
     raise ValueError(
         f"{file}: only a PyTorch pickle is here, and jaxencoder never unpickles. Convert it "

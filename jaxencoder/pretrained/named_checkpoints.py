@@ -13,7 +13,7 @@ NAMED_CHECKPOINTS = ("minilm",)
 
 def named_checkpoint(name: str) -> str:
   """The directory of a checkpoint in NAMED_CHECKPOINTS (a Hugging Face directory)."""
-  # Imported here: jaxencoder-convert's --help (which names NAMED_CHECKPOINTS) stays light.
+  # lazy: --help stays fast (jaxencoder-convert's names NAMED_CHECKPOINTS; tokenizers)
   from jaxencoder.tokenizer import default_tokenizer_path
   if name not in NAMED_CHECKPOINTS:
     raise cli.UserError(cli.unknown("checkpoint name", name, NAMED_CHECKPOINTS,

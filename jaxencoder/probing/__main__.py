@@ -113,7 +113,7 @@ def main(argv=None) -> dict:
 
   def run():
     check_study_flags(args)
-    from jaxencoder.probing import command  # here: --help and a bad flag load no JAX
+    from jaxencoder.probing import command  # lazy: --help stays fast (and a bad flag)
     return command.probe(args)
   return cli.run_main(run)
 

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from jaxencoder import progress as progress_lib
+from jaxencoder.data.token_ids import tokenizer_digest
 from jaxencoder.probing import features as features_lib
 from jaxencoder.probing import images, probe_report, similarity
 from jaxencoder.probing.study import StudyOptions, model_summary
@@ -59,7 +60,6 @@ def check_same_tokenizer(tokenizer_a, tokenizer_b, sources) -> None:
   ids: the same vocabulary and the same normaliser, pre-tokeniser and template."""
   if tokenizer_a is None or tokenizer_b is None:  # image encoders: no tokenizer to agree on
     return
-  from jaxencoder.data.token_ids import tokenizer_digest
   digest_a, digest_b = tokenizer_digest(tokenizer_a), tokenizer_digest(tokenizer_b)
   if digest_a == digest_b:
     return
@@ -180,10 +180,9 @@ def _plots(sim: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
 def plot_cka(values_AxB, path, title: str, rows_name: str, columns_name: str
              ) -> pathlib.Path:
   """A layer x layer heat map on the 0..1 scale, each cell's value written in it."""
-  plt = probe_report.pyplot()
   values_AxB = np.asarray(values_AxB, np.float64)
   rows, columns = values_AxB.shape
-  fig, ax = plt.subplots(figsize=(0.6 * columns + 2.5, 0.5 * rows + 1.8))
+  fig, ax = probe_report.subplots(figsize=(0.6 * columns + 2.5, 0.5 * rows + 1.8))
   image = ax.imshow(values_AxB, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
   for i in range(rows):
     for j in range(columns):

@@ -20,12 +20,15 @@ import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from jaxencoder import progress as progress_lib
 from jaxencoder.config import EncoderConfig
 from jaxencoder.io.run_dir import RunDir
+from jaxencoder.pretrained.hf_checkpoint import resize_on_load
 from jaxencoder.probing import features as features_lib
 from jaxencoder.probing import probe_report, probes
+from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
 
 
 def parse_steps(text: str, kept: Sequence[int]) -> list[int]:
@@ -82,8 +85,6 @@ def run_steps(workdir, steps: str, cfg: EncoderConfig, tokenizer,
 
 def restore_step(run: RunDir, step: int, cfg: EncoderConfig):
   """The encoder params of `step`, resized as `cfg` (the newest step's, as loaded) is."""
-  from jaxencoder.pretrained.hf_checkpoint import resize_on_load
-  from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
   stored = stored_config(run, step)
   step_cfg, params = resize_on_load(stored, restore_encoder(run, encoder_params(stored),
                                                             step=step),
@@ -123,12 +124,11 @@ def _grid(entries: Sequence[Mapping], key: str) -> np.ndarray | None:
 
 def plot_steps_heatmap(entries: Sequence[Mapping], path):
   """Layer x step heat maps of probe accuracy (and selectivity, given a control task)."""
-  plt = probe_report.pyplot()
   panels = [(k, g) for k in ("accuracy", "selectivity")
             if (g := _grid(entries, k)) is not None]
   steps = [e["step"] for e in entries]
   n, s = panels[0][1].shape
-  fig, axes = plt.subplots(1, len(panels), squeeze=False, layout="constrained",
+  fig, axes = probe_report.subplots(1, len(panels), squeeze=False, layout="constrained",
                            figsize=(len(panels) * max(4, 0.6 * s + 2), max(3, 0.45 * n + 1.5)))
   for ax, (key, grid_NxS) in zip(axes[0], panels):
     image = ax.imshow(grid_NxS, cmap="viridis", aspect="auto", origin="lower")
@@ -146,12 +146,10 @@ def plot_steps_heatmap(entries: Sequence[Mapping], path):
 
 def plot_steps_curves(entries: Sequence[Mapping], path, majority: float | None = None):
   """Probe accuracy (and selectivity) against the training step, one line per layer."""
-  from matplotlib.ticker import MaxNLocator
-  plt = probe_report.pyplot()
   panels = [(k, g) for k in ("accuracy", "selectivity")
             if (g := _grid(entries, k)) is not None]
   steps = [e["step"] for e in entries]
-  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+  fig, axes = probe_report.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
   for ax, (key, grid_NxS) in zip(axes[0], panels):
     for layer, values_S in enumerate(grid_NxS):
       ax.plot(steps, values_S, "o-", ms=3, label=f"layer {layer}")

@@ -15,9 +15,13 @@ fixed dev set, the same for every block.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
+import jax
 import numpy as np
+
+from jaxencoder.probing import probes
 
 MIN_EPOCHS = 200  # a probe fit on the first blocks' few items needs many epochs of one step
 FRACTIONS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.0625, 0.125, 0.25, 0.5, 1.0)
@@ -58,10 +62,6 @@ def probe_fit(num_classes: int, x_dev: np.ndarray, y_dev: np.ndarray, cfg) -> Fi
   """A Fit training `probes.train_probe` (cfg: a ProbeConfig) to the epoch of least dev
   loss (a code needs calibrated probabilities, not just the right argmax), for at least
   MIN_EPOCHS; log-probabilities from its logits."""
-  import dataclasses
-
-  import jax
-  from jaxencoder.probing import probes
   cfg = dataclasses.replace(cfg, select="loss", max_epochs=max(cfg.max_epochs, MIN_EPOCHS),
                             patience=max(cfg.patience, 8))
 

@@ -9,6 +9,13 @@ import pathlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from jaxencoder import cli
+
+# A name that lived here until issue 43 (pyplot is no longer used).
+__getattr__ = cli.moved_names(__name__, {"pyplot": "jaxencoder.probing.probe_report.subplots"})
 
 
 def to_jsonable(value):
@@ -33,12 +40,12 @@ def write_json(report: Mapping, path) -> pathlib.Path:
   return path
 
 
-def pyplot():
-  """matplotlib.pyplot on the Agg backend (files only, no display)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  return plt
+def subplots(nrows: int = 1, ncols: int = 1, *, squeeze: bool = True, **figure_kw):
+  """(a Figure, its axes) as pyplot.subplots makes them, on an Agg canvas of its own (files
+  only): no pyplot, so no global backend or open figure, and a notebook's own stays as is."""
+  fig = Figure(**figure_kw)
+  FigureCanvasAgg(fig)
+  return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
 
 
 def save_figure(fig, path) -> pathlib.Path:
@@ -46,7 +53,6 @@ def save_figure(fig, path) -> pathlib.Path:
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=110, bbox_inches="tight")
-  pyplot().close(fig)
   return path
 
 
@@ -58,9 +64,8 @@ def _legend_outside(ax) -> None:
 
 def plot_probe_accuracy(probe: Mapping, path, title: str = "probe accuracy by layer"):
   """Task and control accuracy per layer, majority baseline, selectivity bars."""
-  plt = pyplot()
   layers = [r["layer"] for r in probe["layers"]]
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = subplots(figsize=(6, 4))
   ax.plot(layers, [r["accuracy"] for r in probe["layers"]], "o-", label="task")
   low = 0.0
   if "control_accuracy" in probe["layers"][0]:
@@ -78,10 +83,9 @@ def plot_probe_accuracy(probe: Mapping, path, title: str = "probe accuracy by la
 def plot_head_heatmap(values_NxH: np.ndarray, path, title: str = "attention entropy (nats)",
                       fmt: str = ".2f"):
   """A layer x head heat map with the value written in each cell (format `fmt`)."""
-  plt = pyplot()
   values_NxH = np.asarray(values_NxH)
   n, h = values_NxH.shape
-  fig, ax = plt.subplots(figsize=(max(4, 0.55 * h + 2), max(3, 0.45 * n + 1.5)))
+  fig, ax = subplots(figsize=(max(4, 0.55 * h + 2), max(3, 0.45 * n + 1.5)))
   image = ax.imshow(values_NxH, cmap="viridis", aspect="auto")
   for i in range(n):
     for j in range(h):
@@ -95,10 +99,9 @@ def plot_head_heatmap(values_NxH: np.ndarray, path, title: str = "attention entr
 
 def plot_cosine_by_layer(health: Sequence[Mapping], path):
   """Mean pairwise cosine per layer with its 5-95% and 25-75% quantile bands."""
-  plt = pyplot()
   layers = [r["layer"] for r in health]
   q = np.array([r["cosine"]["quantiles"] for r in health])
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = subplots(figsize=(6, 4))
   ax.fill_between(layers, q[:, 0], q[:, 4], alpha=0.2, label="5-95%")
   ax.fill_between(layers, q[:, 1], q[:, 3], alpha=0.3, label="25-75%")
   ax.plot(layers, [r["cosine"]["mean"] for r in health], "o-", label="mean")
@@ -110,9 +113,8 @@ def plot_cosine_by_layer(health: Sequence[Mapping], path):
 
 def plot_attention_maps(tokens: Sequence[str], probs_NxHxTxT: np.ndarray, path):
   """A grid of attention maps (rows: layers, columns: heads) for one sentence."""
-  plt = pyplot()
   n, h, t, _ = probs_NxHxTxT.shape
-  fig, axes = plt.subplots(n, h, figsize=(1.6 * h + 1, 1.6 * n + 1), squeeze=False)
+  fig, axes = subplots(n, h, figsize=(1.6 * h + 1, 1.6 * n + 1), squeeze=False)
   for i in range(n):
     for j in range(h):
       ax = axes[i, j]
@@ -129,9 +131,8 @@ def plot_attention_maps(tokens: Sequence[str], probs_NxHxTxT: np.ndarray, path):
 
 def plot_attention_map(tokens: Sequence[str], probs_TxT: np.ndarray, path, title: str = ""):
   """One attention map, with the tokens on both axes (query rows, key columns)."""
-  plt = pyplot()
   t = len(tokens)
-  fig, ax = plt.subplots(figsize=(0.3 * t + 2, 0.3 * t + 1.5))
+  fig, ax = subplots(figsize=(0.3 * t + 2, 0.3 * t + 1.5))
   ax.imshow(probs_TxT, cmap="Blues", vmin=0, vmax=1)
   ax.set_xticks(range(t), tokens, rotation=90, fontsize=7)
   ax.set_yticks(range(t), tokens, fontsize=7)
@@ -141,9 +142,8 @@ def plot_attention_map(tokens: Sequence[str], probs_TxT: np.ndarray, path, title
 
 def plot_mdl(mdl: Mapping, path):
   """Compression (uniform / online code length) per layer, task and control."""
-  plt = pyplot()
   layers = list(range(len(mdl["layers"])))
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = subplots(figsize=(6, 4))
   ax.plot(layers, [r["compression"] for r in mdl["layers"]], "o-", label="task")
   if "control_compression" in mdl["layers"][0]:
     ax.plot(layers, [r["control_compression"] for r in mdl["layers"]], "s--", label="control")
@@ -156,8 +156,7 @@ def plot_mdl(mdl: Mapping, path):
 
 def plot_pruning(curve: Sequence[Mapping], path):
   """The probe's loss as heads are dropped from least to most important."""
-  plt = pyplot()
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = subplots(figsize=(6, 4))
   ax.plot([p["pruned"] for p in curve], [p["loss"] for p in curve], "o-")
   ax.set(xlabel="heads dropped (least important first)", ylabel="probe loss (nats)",
          title="pruning curve")

@@ -21,6 +21,7 @@ from jaxencoder.config import EncoderConfig
 from jaxencoder.data import kinds
 # the batch-shape helpers the data kinds share with the task modules (which import them here)
 from jaxencoder.data.kinds.base import Kind, Shapes, per_example, text_shapes  # noqa: F401
+from jaxencoder.encoder import ENCODER, Encoder
 
 if TYPE_CHECKING:  # the grain pipelines load only where a task builds one
   from jaxencoder.data.pipeline import Reading
@@ -233,7 +234,6 @@ def loss_summary(sums: dict[str, Any]) -> dict[str, float]:
 
 def pooled_vectors(predictor, args: tuple) -> np.ndarray:
   """The pooled encoder vectors [N, D] of a run's model (its encoder params alone)."""
-  from jaxencoder.encoder import ENCODER, Encoder
   params = predictor.params
   out = Encoder(predictor.cfg).apply({"params": params.get(ENCODER, params)}, *args)
   return np.asarray(out.pooled, np.float32)

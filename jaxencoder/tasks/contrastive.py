@@ -149,7 +149,7 @@ class Contrastive(Family):
     if config.data.views == "dropout":
       return kind.pipeline(config, tokenizer, source, train=train, batch_size=batch_size,
                            read=read, features=features)
-    from jaxencoder.data import span_views
+    from jaxencoder.data import span_views  # lazy: tasks import without grain
     return span_views.halves_pipeline(source, tokenizer, seq_len=config.data.seq_len,
                                       batch_size=batch_size,
                                       read=dataclasses.replace(read, drop_remainder=train))

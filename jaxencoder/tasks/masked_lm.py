@@ -254,7 +254,7 @@ class MaskedLM(Family):
     if mode != "pad":
       raise ValueError(f"sentence_pair={config.sentence_pair!r} needs one sentence pair per "
                        f"row: data.packing={mode!r} is not supported, use 'pad'")
-    from jaxencoder.data import pairs, pipeline
+    from jaxencoder.data import pairs, pipeline  # lazy: tasks import without grain
     spec = pipeline.default_mask(tokenizer, rate=data.mask_rate, whole_word=data.whole_word)
     objective = {v: k for k, v in SENTENCE_PAIRS.items()}[name]
     return pairs.pair_pipeline(source, tokenizer, objective, seq_len=data.seq_len, mask=spec,

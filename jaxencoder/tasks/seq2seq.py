@@ -68,7 +68,7 @@ class Seq2Seq(Family):
 
   def pipeline(self, name, config, source, tokenizer, *, train, batch_size, read, kind,
                features=None):
-    from jaxencoder.data import shuffled_words
+    from jaxencoder.data import shuffled_words  # lazy: tasks import without grain
     data = config.data
     return shuffled_words.shuffled_words_pipeline(
         source, tokenizer, seq_len=data.seq_len, min_words=data.min_words,

@@ -10,6 +10,6 @@ __all__ = ["train_and_evaluate"]
 
 def __getattr__(name: str):
   if name == "train_and_evaluate":
-    from jaxencoder.train.loop import train_and_evaluate
+    from jaxencoder.train.loop import train_and_evaluate  # lazy: tasks import without grain
     return train_and_evaluate
   raise AttributeError(f"module 'jaxencoder.train' has no attribute {name!r}")

@@ -60,6 +60,7 @@ def main(argv=None) -> None:
   logging.getLogger("jaxencoder").setLevel(logging.INFO)
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
   cli.quiet_library_logs()  # before the imports below: they load orbax and tfds
+  # lazy: --help stays fast
   from jaxencoder.data.readers import DataError
   from jaxencoder.io.checkpoint import CheckpointError
   from jaxencoder.train.loop import NonFiniteLossError
@@ -92,9 +93,9 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
   """Loads the config, applies the overrides and trains; final eval metrics on process 0."""
   if args.print_config:
     return print_config(args.config, overrides)
-  from jaxencoder.train import distributed
+  from jaxencoder.train import distributed  # lazy: --help stays fast
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-  # Imported here: --help loads no JAX.
+  # lazy: --help stays fast
   from jaxencoder.train.config import apply_overrides
   import jax
   from jaxencoder.io import paths
@@ -123,7 +124,8 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
 
 def print_config(path: str | None, overrides: list[str]) -> None:
   """Prints every key of the config at `path` (the base config without one), overridden."""
-  from jaxencoder.train.config import apply_overrides, base_config  # here: --help stays light
+  # lazy: --help stays fast
+  from jaxencoder.train.config import apply_overrides, base_config
   from jaxencoder.train.config_file import load_config
   config = load_config(path) if path else base_config()
   apply_overrides(config, overrides)

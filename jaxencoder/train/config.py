@@ -15,6 +15,7 @@ import logging
 import math
 from typing import Any, Sequence
 
+import jax
 import ml_collections
 from ml_collections import config_dict
 
@@ -30,6 +31,13 @@ log = logging.getLogger("jaxencoder")
 
 # config.rng_impl -> jax's PRNG implementation (docs/training.md: the determinism trade-off).
 RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
+
+
+def rng_key(config: ml_collections.ConfigDict, offset: int = 0) -> jax.Array:
+  """The key `config.seed + offset` in `config.rng_impl` (the dropout streams). Params
+  are always initialised from threefry: init runs once, so its cost does not matter, and
+  a seed then gives the same initial weights under any rng_impl, backend and sharding."""
+  return jax.random.key(config.seed + offset, impl=RNG_IMPLS[config.rng_impl])
 
 
 def model_config(cfg: EncoderConfig) -> ml_collections.ConfigDict:

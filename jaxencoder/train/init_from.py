@@ -11,13 +11,22 @@ import hashlib
 import json
 import logging
 
+import jax
 import ml_collections
 
+from jaxencoder import lora
 from jaxencoder.config import EncoderConfig
 from jaxencoder.data import kinds
+from jaxencoder.encoder import SCANNED_LAYERS
+from jaxencoder.io.paths import as_path
+from jaxencoder.io.run_dir import RunDir
+from jaxencoder.pretrained.convert import convert, is_hf_dir
 from jaxencoder.pretrained.named_checkpoints import NAMED_CHECKPOINTS  # init_from's: minilm
 from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
+from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
+from jaxencoder.tokenizer import default_tokenizer_path, run_tokenizer
 from jaxencoder.train.config import finalize
+from jaxencoder.train.datasets import vocab_from_tokenizer
 
 log = logging.getLogger("jaxencoder")
 
@@ -29,7 +38,6 @@ def finalized(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A finalized copy of `config` with init_from's architecture adopted, or from scratch
   the tokenizer's vocabulary size (datasets.vocab_from_tokenizer): what a run trains
   (train_and_evaluate, evaluate_run, jaxencoder-compile)."""
-  from jaxencoder.train.datasets import vocab_from_tokenizer
   config = ml_collections.ConfigDict(config.to_dict())
   adopt(config)
   vocab_from_tokenizer(config)
@@ -42,7 +50,6 @@ def adopt(config: ml_collections.ConfigDict) -> list[str]:
   the checkpoint's when unset. Returns the changes as 'field: old -> new' lines."""
   if not config.init_from:
     return []
-  from jaxencoder.io.run_dir import RunDir  # orbax: only when a checkpoint is read
   changes = []
   run_dir = pretrained_run_dir(config.init_from, config.data.data_dir)
   if run_dir != config.init_from:
@@ -63,7 +70,6 @@ def adopt(config: ml_collections.ConfigDict) -> list[str]:
     config.data.tokenizer = str(tokenizer)
     changes.append(f"data.tokenizer: '' -> {tokenizer}")
   elif not config.data.tokenizer and text:
-    from jaxencoder.tokenizer import run_tokenizer
     run_tokenizer(source, fix="set data.tokenizer")  # no default for a tokenizer-less one
   if changes:
     log.info("init_from=%s: taking the checkpoint's %s", config.init_from, "; ".join(changes))
@@ -74,10 +80,6 @@ def restore_base(source, abstract):
   """The encoder params of `source` (a RunDir) into `abstract` (ShapeDtypeStructs with
   shardings, without LoRA adapters: those start fresh). A source trained with LoRA gives
   its kernels with its adapters merged in (W + alpha / r A B)."""
-  import jax
-  from jaxencoder import lora
-  from jaxencoder.encoder import SCANNED_LAYERS
-  from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
   cfg = stored_config(source)
   if not cfg.lora_rank:
     return restore_encoder(source, abstract)
@@ -92,9 +94,6 @@ def pretrained_run_dir(init_from: str, data_dir) -> str:
   a name in NAMED_CHECKPOINTS is converted into data_dir/pretrained/<name> on first
   use, and again only when the source's files change; anything else is returned as is.
   (Several processes on shared storage would convert concurrently: convert first.)"""
-  from jaxencoder.io.paths import as_path
-  from jaxencoder.pretrained.convert import convert, is_hf_dir
-  from jaxencoder.tokenizer import default_tokenizer_path
   if init_from in NAMED_CHECKPOINTS:
     source, name = default_tokenizer_path(), init_from
     if source is None:

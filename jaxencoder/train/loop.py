@@ -30,14 +30,15 @@ from jaxencoder.io import run_lock, run_record
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.tasks.base import Task
 from jaxencoder.tasks.registry import task_from_config
+from jaxencoder.tokenizer import check_fits
 from jaxencoder.train.metrics import MetricWriter, throughput
 from jaxencoder.train.optim import make_optimizer, trainable_mask
 from jaxencoder.train.parallel import GradientOptions, make_stepper
-from jaxencoder.train.datasets import Pipelines, make_pipelines
+from jaxencoder.train.datasets import Pipelines, make_pipelines, tokenizer_path
 from jaxencoder.train.prefetch import DevicePrefetch
 from jaxencoder.train import out_of_memory as oom
 from jaxencoder.train.stop import Preempted, StopSignals
-from jaxencoder.train.config import RNG_IMPLS, check_batches, encoder_config
+from jaxencoder.train.config import check_batches, encoder_config, rng_key
 from jaxencoder.train.init_from import finalized, restore_base
 from jaxencoder.train.resume import check_before_restoring, check_config_unchanged
 
@@ -67,17 +68,8 @@ class Run:
   timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds, for the log
 
 
-def rng_key(config: ml_collections.ConfigDict, offset: int = 0) -> jax.Array:
-  """The key `config.seed + offset` in `config.rng_impl` (the dropout streams). Params
-  are always initialised from threefry: init runs once, so its cost does not matter, and
-  a seed then gives the same initial weights under any rng_impl, backend and sharding."""
-  return jax.random.key(config.seed + offset, impl=RNG_IMPLS[config.rng_impl])
-
-
 def build_task(config, pipelines: Pipelines) -> Task:
   """The config's task; ValueError when the data's tokenizer does not fit the model."""
-  from jaxencoder.tokenizer import check_fits
-  from jaxencoder.train.datasets import tokenizer_path
   cfg = encoder_config(config)
   if pipelines.tokenizer is not None:
     check_fits(pipelines.tokenizer, cfg, f"data.tokenizer={tokenizer_path(config.data)}")

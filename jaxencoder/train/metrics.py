@@ -107,7 +107,7 @@ def _summary_writer():
   if hide:
     sys.modules["torch"] = None  # `import torch` raises ImportError meanwhile
   try:
-    from tensorboardX import SummaryWriter
+    from tensorboardX import SummaryWriter  # lazy: optional extra parity (torch) kept out
   finally:
     if hide:
       del sys.modules["torch"]

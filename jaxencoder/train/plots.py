@@ -25,7 +25,7 @@ SCHEDULE = "schedule"  # the label of the learning-rate line drawn from the conf
 
 def plot_metrics(run_path, out_dir) -> list[pathlib.Path]:
   """Writes OUT/<metric>.png for each metric the run logged; returns the paths."""
-  from jaxencoder.io.run_dir import read_metrics  # here: --help loads no JAX
+  from jaxencoder.io.run_dir import read_metrics  # lazy: --help stays fast
   records = read_metrics(run_path)
   if not records:
     raise FileNotFoundError(f"{run_path}: no metrics.jsonl rows to plot")
@@ -42,7 +42,7 @@ def plot_metrics(run_path, out_dir) -> list[pathlib.Path]:
 
 def run_config(run_path) -> dict[str, Any]:
   """The config stored with the run's latest checkpoint; {} without one."""
-  from jaxencoder.io.run_dir import RunDir
+  from jaxencoder.io.run_dir import RunDir  # lazy: --help stays fast
   run = RunDir(run_path)
   return run.read_config() if run.latest_step() is not None else {}
 
@@ -77,7 +77,7 @@ def schedule_line(config: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | Non
   a config."""
   if not config.get("optim") or not config.get("num_train_steps"):
     return None
-  from jaxencoder.train.optim import learning_rate_schedule
+  from jaxencoder.train.optim import learning_rate_schedule  # lazy: --help stays fast
   steps = np.arange(1, config["num_train_steps"] + 1)
   return steps, np.asarray(learning_rate_schedule(config["optim"])(steps - 1), np.float64)
 
@@ -85,6 +85,7 @@ def schedule_line(config: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | Non
 def figures(records, config: dict[str, Any], *, title: str = "") -> dict[str, Any]:
   """metric -> a matplotlib Figure for each metric with points (see `metric_names`); no
   pyplot: nothing is kept open, no GUI backend is chosen."""
+  # lazy: --help stays fast
   from matplotlib.figure import Figure
   from matplotlib.ticker import MaxNLocator
   out = {}

@@ -41,12 +41,12 @@ import numpy as np
 
 from jaxencoder import cli
 from jaxencoder import progress as progress_lib
+from jaxencoder.config import EncoderConfig
 from jaxencoder.errors import NotDamaged
 
 if TYPE_CHECKING:  # the model side loads on use: `--help` imports no JAX or Flax
   import flax.linen as nn
 
-  from jaxencoder.config import EncoderConfig
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.tasks.base import Family
   from jaxencoder.tokenizer import Tokenizer
@@ -85,6 +85,7 @@ class Predictor:
 def load(run_path, step: int | None = None) -> Predictor:
   """The run's model at `step`; by default at its newest step that restores (a damaged
   newer one is skipped with a warning, as training skips it on resume). Reads only."""
+  # lazy: --help stays fast
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
   run = RunDir.open(run_path)
@@ -117,7 +118,7 @@ def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
 
 
 def _restore_step(run: RunDir, run_path, step: int) -> tuple[Predictor, dict]:
-  from jaxencoder.config import EncoderConfig
+  # lazy: --help stays fast
   from jaxencoder.io.checkpoint import restore_params_only
   from jaxencoder.restore_targets import abstract_params
   from jaxencoder.tasks import registry
@@ -146,8 +147,8 @@ def _label_names(run: RunDir, config: dict) -> tuple[list[str] | None, bool]:
   """(class names, whether the run stored them): those in its run_record.json; for a run
   made before runs recorded them, those of its prepared dataset as it is now (with a
   warning), if it can still be opened."""
+  # lazy: --help stays fast
   import ml_collections
-
   from jaxencoder.io import run_record
   from jaxencoder.train import datasets
   record = run_record.read(run.path)
@@ -167,6 +168,7 @@ def _label_names(run: RunDir, config: dict) -> tuple[list[str] | None, bool]:
 def _check_head_size(run: RunDir, abstract: dict, names: list[str], step: int) -> None:
   """UnsupportedRun when the head's stored outputs are not as many as today's classes (the
   dataset gained or lost one since training): not a damaged checkpoint."""
+  # lazy: --help stays fast
   import jax
   theirs = run.param_shapes(step)
   for path, x in jax.tree_util.tree_leaves_with_path(abstract):
@@ -251,7 +253,7 @@ def _nan_rows(values_KxC: np.ndarray, blank_N: np.ndarray) -> np.ndarray:
 
 
 def _no_scores(task: str) -> str:
-  from jaxencoder.tasks import registry
+  from jaxencoder.tasks import registry  # lazy: --help stays fast
   scored = [name for family in registry.TASK_FAMILIES for name in family.scored]
   return (f"--scores: a {task!r} run has no per-class scores (its prediction is the whole "
           f"output); scores come with {', '.join(scored)} runs")
@@ -340,10 +342,12 @@ def read_lines(path) -> list[str]:
 
 def _check_out(out, args) -> None:
   """Refuses an output file that is the --input file or lies in the run (or its tokenizer)."""
-  from jaxencoder.io import outputs
+  # lazy: --help stays fast
+  from jaxencoder.io import outputs as outputs_lib
   from jaxencoder.io.run_dir import RunDir
-  inputs = [("--input", args.input), *outputs.run_inputs("--run", RunDir.open(args.run))]
-  outputs.check_apart(("--out", out), inputs)
+  run = RunDir.open(args.run)
+  inputs = [("--input", args.input), *outputs_lib.run_inputs("--run", run)]
+  outputs_lib.check_apart(("--out", out), inputs)
 
 
 def _emit(out: str | None, rows: list[str], what: str) -> None:

@@ -9,6 +9,7 @@ import logging
 import ml_collections
 
 from jaxencoder.config import EncoderConfig
+from jaxencoder.io.checkpoint import to_json
 from jaxencoder.train.config import base_config
 
 log = logging.getLogger("jaxencoder")
@@ -39,7 +40,6 @@ def config_changes(saved: dict, current: ml_collections.ConfigDict
                    ) -> tuple[list[str], list[str]]:
   """(allowed, structural) differences between a run's saved config and `current`,
   as 'key: saved -> current' lines."""
-  from jaxencoder.io.checkpoint import to_json  # plain JSON on both sides (orbax: lazily)
   saved = dict(saved)
   try:  # settings added to EncoderConfig since the run was saved take their defaults
     saved["model"] = EncoderConfig.from_dict(saved.get("model") or {}).to_dict()

@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import optax
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 log = logging.getLogger("jaxencoder")
@@ -91,7 +92,6 @@ def _device_grid(shape: tuple[int, ...], devices: list) -> np.ndarray:
   interconnect; a multi-slice job puts the data axis across slices when it divides."""
   if devices[0].platform != "tpu":
     return np.asarray(devices).reshape(shape)
-  from jax.experimental import mesh_utils
   slices = len({getattr(d, "slice_index", 0) for d in devices})
   try:
     if slices > 1 and shape[0] % slices == 0:

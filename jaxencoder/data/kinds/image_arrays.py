@@ -19,7 +19,7 @@ class ImageArraysKind(Kind):
   label_feature, has_length = "label", False
 
   def pipeline(self, config, tokenizer, source, *, train, batch_size, read, features=None):
-    from jaxencoder.data import pipeline  # grain: only where batches are made
+    from jaxencoder.data import pipeline  # lazy: tasks import without grain
     data = config.data
     return pipeline.image_pipeline(source, random_flip=train and data.random_flip,
                                    random_shift=data.random_shift if train else 0,

@@ -13,7 +13,7 @@ class TextClassificationKind(Kind):
   text, label_feature = True, "label"
 
   def pipeline(self, config, tokenizer, source, *, train, batch_size, read, features=None):
-    from jaxencoder.data import pipeline  # grain: only where batches are made
+    from jaxencoder.data import pipeline  # lazy: tasks import without grain
     return pipeline.classification_pipeline(source, tokenizer, seq_len=config.data.seq_len,
                                             batch_size=batch_size, read=read)
 

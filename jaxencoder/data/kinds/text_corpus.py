@@ -28,7 +28,7 @@ def masked_text_pipeline(config, tokenizer, source, *, train: bool, rate: float,
   targets chosen), packed or padded rows (eval: padded). `scheduled` (train): the rate
   follows data.mask_rate_schedule by train step; eval keeps `rate`, so eval losses
   compare across the run."""
-  from jaxencoder.data import pipeline  # grain: only where batches are made
+  from jaxencoder.data import pipeline  # lazy: tasks import without grain
   data = config.data
   spec = pipeline.default_mask(tokenizer, rate=rate, whole_word=data.whole_word)
   schedule = mask_rate_schedule(data) if scheduled and train else ()

@@ -14,7 +14,7 @@ class TextRecordsKind(Kind):
   def pipeline(self, config, tokenizer, source, *, train, batch_size, read, features=None):
     """The task's `features` of each row; eval rows numbered (`example_index`) for metrics
     that rank the whole split."""
-    from jaxencoder.data import pipeline  # grain: only where batches are made
+    from jaxencoder.data import pipeline  # lazy: tasks import without grain
     return pipeline.records_pipeline(source, features, index_examples=not train,
                                      batch_size=batch_size, read=read)
 

@@ -18,7 +18,7 @@ class TimeSeriesKind(Kind):
   label_feature = "label"
 
   def pipeline(self, config, tokenizer, source, *, train, batch_size, read, features=None):
-    from jaxencoder.data import pipeline  # grain: only where batches are made
+    from jaxencoder.data import pipeline  # lazy: tasks import without grain
     data = config.data
     return pipeline.series_pipeline(source, length=data.seq_len,
                                     random_shift=data.random_shift if train else 0,
