@@ -106,7 +106,7 @@ class CrossAttention(AttentionLayer):
 
   @nn.compact
   def __call__(self, x_BxTxD, inputs: DecoderInputs):
-    cfg, plan, det = self.cfg, inputs.cross_attention, inputs.deterministic
+    plan, det = inputs.cross_attention, inputs.deterministic
     if not plan.needs_dense_mask:
       raise ValueError(f"cross-attention runs 'xla' or 'fused', not {plan.impl!r}")
     q_BxTxHxK = self.heads("query", x_BxTxD, det)

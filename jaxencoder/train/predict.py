@@ -102,7 +102,7 @@ def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
   """(Predictor without its tokenizer, config) of `step`, or of the newest step that
   restores (RunDir.newest_restorable); a `step` that does not restore is one error naming
   --step."""
-  from jaxencoder.io.run_dir import UnrestorableStep
+  from jaxencoder.io.run_dir import UnrestorableStep  # lazy: --help stays fast
   if step is not None and step not in (saved := run.steps()):
     raise FileNotFoundError(f"{run.checkpoint_dir}: no step {step}; saved steps: "
                             f"{', '.join(map(str, saved))}")
