@@ -25,9 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 from jaxencoder import EncoderConfig  # noqa: E402
-from jaxencoder.attention import AttentionInputs, MultiHeadAttention  # noqa: E402
-from jaxencoder.flash import plan_attention  # noqa: E402
-from jaxencoder.masks import make_attention_mask  # noqa: E402
+from jaxencoder.model.attention import AttentionInputs, MultiHeadAttention  # noqa: E402
+from jaxencoder.model.flash import plan_attention  # noqa: E402
+from jaxencoder.model.masks import make_attention_mask  # noqa: E402
 
 IMPLS = ("xla", "fused", "linear", "sliding")
 

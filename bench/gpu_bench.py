@@ -109,7 +109,7 @@ class JaxContender:
 def resolved_attention(cfg) -> str:
   """What a training call's attention runs, e.g. 'auto->cudnn' (attention dropout is 0)."""
   try:
-    from jaxencoder.flash import plan_attention
+    from jaxencoder.model.flash import plan_attention
   except ImportError:  # a library from before attention_impl='auto'
     return cfg.attention_impl
   impl = plan_attention(cfg).impl

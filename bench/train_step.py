@@ -44,7 +44,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name -> (preset, seq_len, batch_size)
 CONFIGS = {"small128": ("small", 128, 16), "base128": ("base", 128, 8),
            "base512": ("base", 512, 2)}
-# preset -> (layers, width, heads), as jaxencoder.config.PRESETS (not imported: the
+# preset -> (layers, width, heads), as jaxencoder.model.config.PRESETS (not imported: the
 # baseline venv and the PyTorch contenders load this module without jaxencoder).
 SIZES = {"tiny": (2, 128, 2), "small": (4, 512, 8), "base": (12, 768, 12)}
 VOCAB = 30522

@@ -12,7 +12,7 @@ Measured (2026-12-01, 2 shared CPU cores, 15-20 s/step), 20 steps only
 (16-20); eval discriminator accuracy 0.8585 = "all original", generator loss 9.28.
 """
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.train.config import base_config, model_config
 
 

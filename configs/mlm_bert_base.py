@@ -30,7 +30,7 @@ setup 12.8 s, first step compiled in 36.8 s; 20-22 s per step (~50 tokens/s); tr
 10.51 -> 9.78 in 3 steps. Accelerator numbers: docs/performance.md (bench/gpu.sh).
 """
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.train.config import base_config, model_config
 
 

@@ -38,7 +38,7 @@ Compiled for Cloud TPU on this CPU host (python bench/tpu_compile.py; docs/perfo
                                           windows run xla)          9 s
 """
 
-from jaxencoder.config import MODERNBERT
+from jaxencoder.model.config import MODERNBERT
 from jaxencoder.train.config import base_config
 
 LONG_LEN = 8_192  # phase 2's rows (modernbert_base_long.py); the table RoPE never reads

@@ -13,7 +13,7 @@ Measured (2026-12-01, 2 shared CPU cores) with --config.num_train_steps=20
 9.69; eval loss 9.13, accuracy 6.6% at step 20. The 300-step default is not measured.
 """
 
-from jaxencoder.config import MODERNBERT
+from jaxencoder.model.config import MODERNBERT
 from jaxencoder.train.config import base_config
 
 

@@ -12,7 +12,7 @@ paragraphs (held out).
 Measured: see README "Encoder-decoder (seq2seq)".
 """
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.train.config import base_config, model_config
 
 

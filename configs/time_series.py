@@ -28,7 +28,7 @@ Baselines (bench/baselines_vision_series.py, on all 50 train series): 1-NN DTW, 
 window, 0.907 (136/150); 1-NN Euclidean 0.913.
 """
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.train.config import base_config, model_config
 
 

@@ -20,7 +20,7 @@ Same recipe on one CPU device (before cpu_devices), same day:
 Baseline (bench/baselines_vision_series.py): logistic regression on raw pixels 0.842.
 """
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.train.config import base_config, model_config
 
 

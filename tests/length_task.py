@@ -6,7 +6,7 @@ The whole task is this module; `registry.register(FAMILY)` is its one registry l
 import jax.numpy as jnp
 import numpy as np
 
-from jaxencoder.heads import EncoderClassifier
+from jaxencoder.model.heads import EncoderClassifier
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Task, apply_model, loss_summary,
                                    mean_loss)
 

@@ -12,9 +12,9 @@ import pytest
 
 from conftest import random_ids, tiny_config
 from jaxencoder import Encoder
-from jaxencoder.encoder import REMAT_POLICIES
-from jaxencoder.ffn import FeedForward
-from jaxencoder.layers import norm
+from jaxencoder.model.encoder import REMAT_POLICIES
+from jaxencoder.model.ffn import FeedForward
+from jaxencoder.model.layers import norm
 
 D, F = 4, 6
 _erf = np.vectorize(math.erf)

@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxencoder import flash
+from jaxencoder.model import flash
 from jaxencoder.aot import hlo
 from jaxencoder.aot.__main__ import main
 from jaxencoder.aot.compile_report import compile_config

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from conftest import fast_first, jit_model, random_ids, tiny_config
-from jaxencoder.attention import linear_attention, xla_attention
-from jaxencoder.masks import make_attention_mask
-from jaxencoder.positions import apply_rope, positions_from_segments, sinusoidal
+from jaxencoder.model.attention import linear_attention, xla_attention
+from jaxencoder.model.masks import make_attention_mask
+from jaxencoder.model.positions import apply_rope, positions_from_segments, sinusoidal
 
 POSITIONS = ["learned", "sinusoidal", "rope", "relative", "none"]
 

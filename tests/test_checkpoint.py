@@ -240,7 +240,7 @@ def test_restore_params_only_missing_dir_raises(tmp_path):
                                         ("write_encoder", "write_encoder")])
 def test_a_model_side_method_that_left_run_dir_names_its_new_place(tmp_path, method, new):
   with pytest.raises(AttributeError, match=rf"^RunDir.{method} moved: "
-                                           rf"jaxencoder.restore_targets.{new}\("):
+                                           rf"jaxencoder.model.restore_targets.{new}\("):
     getattr(RunDir(tmp_path), method)
 
 

@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import pytest
 
 from jaxencoder import Encoder, cli
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.io.checkpoint import Checkpointer
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import save
 from jaxencoder.pretrained.__main__ import main as convert_main
-from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
+from jaxencoder.model.restore_targets import encoder_params, restore_encoder, stored_config
 
 ABSL_LINE = re.compile(r"^[IWEF]\d{4} ")  # absl's own format: I0101 12:00:00.000 ...
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxencoder import Encoder, EncoderConfig
-from jaxencoder.config import PRESETS
+from jaxencoder.model.config import PRESETS
 
 MODEL_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "model.md"  # the presets table
 # BERT's published parameter counts (millions, rounded), Turc et al. 2019 / Devlin et al. 2019.

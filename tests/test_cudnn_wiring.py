@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 from conftest import random_ids, tiny_config
-from jaxencoder import Encoder, flash
+from jaxencoder import Encoder
+from jaxencoder.model import flash
 
 B, L = 3, 12
 LENGTHS = (12, 7, 3)  # right padding, a different length per row

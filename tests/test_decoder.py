@@ -14,8 +14,8 @@ import train_helpers as th
 from conftest import random_ids, tiny_config
 from data_helpers import WORDS
 from jaxencoder import EncoderDecoder, greedy_decode
-from jaxencoder.decoder import Decoder, decoder_config
-from jaxencoder.encoder import ENCODER
+from jaxencoder.model.decoder import Decoder, decoder_config
+from jaxencoder.model.encoder import ENCODER
 from jaxencoder.tasks import registry
 from jaxencoder.train import predict
 from jaxencoder.train.config_file import load_config

@@ -17,8 +17,8 @@ import train_helpers as th
 from data_helpers import VOCAB, WORDS
 from conftest import fast_first, random_ids, tiny_config
 from jaxencoder.data import builders
-from jaxencoder.electra import generator_config, replace_tokens
-from jaxencoder.encoder import EMBEDDINGS, ENCODER, Encoder
+from jaxencoder.model.electra import generator_config, replace_tokens
+from jaxencoder.model.encoder import EMBEDDINGS, ENCODER, Encoder
 from jaxencoder.tasks import masked_lm, registry, replaced_tokens
 from jaxencoder.train import predict
 from jaxencoder.train.config import encoder_config, finalize

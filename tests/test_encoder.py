@@ -59,7 +59,7 @@ def test_series_shapes(pooling):
 
 
 def test_patchify_is_row_major_non_overlapping():
-  from jaxencoder.embeddings import patchify
+  from jaxencoder.model.embeddings import patchify
   image = jnp.arange(4 * 4, dtype=jnp.float32).reshape(1, 4, 4, 1)
   patches = patchify(image, 2)
   np.testing.assert_array_equal(patches[0, 0], [0, 1, 4, 5])

@@ -11,7 +11,7 @@ from conftest import tiny_config
 from data_helpers import VOCAB, tiny_tokenizer
 from jaxencoder import Encoder, export
 from jaxencoder.export import __main__ as export_cli
-from jaxencoder.heads import EncoderClassifier
+from jaxencoder.model.heads import EncoderClassifier
 from jaxencoder.io.checkpoint import Checkpointer
 
 SHAPES = ((2, 8), (3, 13))  # two padded batches, one export

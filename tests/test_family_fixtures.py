@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from jaxencoder import Encoder
-from jaxencoder.positions import apply_rope
+from jaxencoder.model.positions import apply_rope
 from jaxencoder.pretrained import encoder_params, load
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "families"

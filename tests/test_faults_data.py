@@ -12,7 +12,7 @@ import pytest
 
 import train_helpers as th
 from data_helpers import VOCAB, tiny_tokenizer
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.data import builders, readers
 from jaxencoder.tokenizer import Tokenizer, check_fits
 from jaxencoder.train.config import base_config, finalize
@@ -288,7 +288,7 @@ def test_a_roberta_export_with_its_own_wordpiece_vocab_loads_back(tmp_path):
   is 2 here); no encoder reads them, so they are not checked: only pad_token_id is."""
   import jax
   import jax.numpy as jnp
-  from jaxencoder.encoder import Encoder
+  from jaxencoder.model.encoder import Encoder
   from jaxencoder.pretrained import hf_checkpoint
   tok = tiny_tokenizer()
   cfg = EncoderConfig(vocab_size=64, emb_dim=32, num_layers=1, num_heads=4, mlp_dim=64,

@@ -20,7 +20,7 @@ from jaxencoder.io.run_dir import RunDir, UnrestorableStep
 from jaxencoder.pretrained import __main__ as convert_cli
 from jaxencoder.probing import __main__ as probe_cli
 from jaxencoder.probing.load import load_checkpoint
-from jaxencoder.restore_targets import (encoder_params, restore_encoder, stored_config,
+from jaxencoder.model.restore_targets import (encoder_params, restore_encoder, stored_config,
                                         stored_encoder)
 from test_faults import DAMAGE
 
@@ -34,7 +34,7 @@ sys.path.insert(0, {tests!r})
 import pathlib, jax, numpy as np, flax.linen as nn
 from conftest import tiny_config
 from data_helpers import VOCAB
-from jaxencoder.heads import EncoderForMaskedLM
+from jaxencoder.model.heads import EncoderForMaskedLM
 from jaxencoder.io.checkpoint import Checkpointer
 run = pathlib.Path({run!r})
 run.mkdir(parents=True)

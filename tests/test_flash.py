@@ -15,9 +15,9 @@ import pytest
 
 from conftest import fast_first, random_ids, tiny_config
 from jaxencoder import Encoder
-from jaxencoder import flash
-from jaxencoder.attention import xla_attention
-from jaxencoder.masks import make_attention_mask
+from jaxencoder.model import flash
+from jaxencoder.model.attention import xla_attention
+from jaxencoder.model.masks import make_attention_mask
 
 B, L = 2, 12
 MASK_BxL = jnp.array([[1] * L, [1] * 7 + [0] * (L - 7)], jnp.int32)
@@ -119,7 +119,7 @@ def test_splash_falls_back_to_xla_with_one_line(overrides, call, reason, caplog)
   for impl in ("xla", "splash"):
     model = Encoder(cfg.replace(attention_impl=impl))
     variables = model.init(jax.random.key(0), ids)
-    with caplog.at_level(logging.WARNING, logger="jaxencoder.flash"):
+    with caplog.at_level(logging.WARNING, logger="jaxencoder.model.flash"):
       rngs = {"dropout": jax.random.key(1)} if call.get("deterministic") is False else None
       outs.append(model.apply(variables, ids, attention_mask=MASK_BxL, rngs=rngs, **call))
   lines = [r.getMessage() for r in caplog.records if reason in r.getMessage()]
@@ -146,7 +146,7 @@ def test_attention_dropout_is_never_skipped_silently(impl, caplog):
       train(dropping)
     return
   flash._explained.clear()
-  with caplog.at_level(logging.WARNING, logger="jaxencoder.flash"):
+  with caplog.at_level(logging.WARNING, logger="jaxencoder.model.flash"):
     dropped = train(dropping)
   assert not np.allclose(dropped, train(cfg), atol=1e-3)
   np.testing.assert_array_equal(dropped, train(dropping.replace(attention_impl="xla")))
@@ -172,7 +172,7 @@ def test_cudnn_obstacles_fall_back_with_reason(overrides, reason, monkeypatch, c
   monkeypatch.setattr(flash, "max_cudnn_head_dim", lambda: 256)
   flash._explained.clear()
   cfg = tiny_config(attention_impl="cudnn", **{"dtype": "bfloat16", **overrides})
-  with caplog.at_level(logging.WARNING, logger="jaxencoder.flash"):
+  with caplog.at_level(logging.WARNING, logger="jaxencoder.model.flash"):
     plans = [flash.plan_attention(cfg, backend="gpu") for _ in range(3)]
   assert {p.impl for p in plans} == {"xla"}
   assert len(caplog.records) == 1 and reason in caplog.records[0].getMessage()
@@ -236,7 +236,7 @@ def test_cudnn_matches_xla_on_gpu():
 
 
 def test_the_implementation_table_holds_every_attention_impl_once():
-  from jaxencoder.config import ATTENTION_IMPLS
+  from jaxencoder.model.config import ATTENTION_IMPLS
   assert sorted(flash.IMPLEMENTATIONS) == sorted(set(ATTENTION_IMPLS) - {"auto"})
   assert set(flash.AUTO_KERNEL.values()) <= set(flash.IMPLEMENTATIONS)
 

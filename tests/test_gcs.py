@@ -237,7 +237,7 @@ def test_convert_reads_and_writes_gcs_and_init_from_takes_its_architecture(gcs, 
   from jaxencoder import pretrained
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.pretrained.convert import convert
-  from jaxencoder.restore_targets import stored_config
+  from jaxencoder.model.restore_targets import stored_config
   from jaxencoder.train.config import base_config
   from jaxencoder.train.init_from import adopt
   cfg, params = tiny_bert_dir(tmp_path)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import random_ids, tiny_config
-from jaxencoder.encoder import Encoder
+from jaxencoder.model.encoder import Encoder
 from jaxencoder.probing import head_importance
 
 WEIGHTS_NxH = np.array([[0.5, 0.1, 2.0], [0.0, 1.5, 0.3]])

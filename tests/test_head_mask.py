@@ -10,7 +10,7 @@ import pytest
 
 from conftest import random_ids, tiny_config
 from jaxencoder import EncoderForMaskedLM
-from jaxencoder.encoder import SCANNED_LAYERS, Encoder, layer_name
+from jaxencoder.model.encoder import SCANNED_LAYERS, Encoder, layer_name
 
 IDS = random_ids(0, (2, 12))
 MASK = jnp.array([[1] * 12, [1] * 7 + [0] * 5])

@@ -18,7 +18,7 @@ from conftest import random_ids, tiny_config
 from data_helpers import WORDS, tiny_tokenizer
 from jaxencoder.data import builders, records, shakespeare_tasks, sources
 from jaxencoder.data.readers import DataError
-from jaxencoder.heads import info_nce_loss
+from jaxencoder.model.heads import info_nce_loss
 from jaxencoder.tasks import classification, contrastive, registry, regression, span
 
 
@@ -99,7 +99,7 @@ def test_multilabel_f1_micro_and_macro_on_a_hand_built_case():
 
 
 def test_max_pooling_gives_a_fill_row_zeros_not_an_overflow():
-  from jaxencoder.pooling import max_pool
+  from jaxencoder.model.pooling import max_pool
   x_BxLxD = jnp.arange(12.0).reshape(2, 3, 2)
   pooled = max_pool(x_BxLxD, jnp.array([[1, 1, 0], [0, 0, 0]]))
   np.testing.assert_array_equal(pooled, [[2.0, 3.0], [0.0, 0.0]])

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from jaxencoder import Encoder
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.data import pipeline
 from jaxencoder.data.pipeline import Reading
-from jaxencoder.embeddings import Embeddings
+from jaxencoder.model.embeddings import Embeddings
 from jaxencoder.data.readers import DataError
 from jaxencoder.pretrained import vit
 from jaxencoder.data.splits import check_model_fits

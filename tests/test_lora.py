@@ -10,15 +10,16 @@ import pytest
 
 import train_helpers as th
 from conftest import random_ids, tiny_config
-from jaxencoder import Encoder, lora
-from jaxencoder.config import block_kernels
+from jaxencoder import Encoder
+from jaxencoder.model import lora
+from jaxencoder.model.config import block_kernels
 from jaxencoder.io.run_dir import RunDir
-from jaxencoder.layers import dense
+from jaxencoder.model.layers import dense
 from jaxencoder.pretrained.adapters_file import read_adapters
 from jaxencoder.pretrained.convert import convert
-from jaxencoder.restore_targets import (encoder_params, restore_encoder, stored_config,
+from jaxencoder.model.restore_targets import (encoder_params, restore_encoder, stored_config,
                                         write_encoder)
-from jaxencoder.stack_layout import loop_to_scan
+from jaxencoder.model.stack_layout import loop_to_scan
 from jaxencoder.train.init_from import restore_base
 from jaxencoder.train.optim import make_optimizer, path_str, trainable_mask
 

@@ -5,7 +5,7 @@ specified in test_attention.py.)"""
 import jax.numpy as jnp
 import numpy as np
 
-from jaxencoder.masks import make_attention_mask
+from jaxencoder.model.masks import make_attention_mask
 
 
 def rows(*lines: str) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import fast_first, random_ids, tiny_config
-from jaxencoder.heads import EncoderForMaskedLM, VocabProjection, vocab_logits
+from jaxencoder.model.heads import EncoderForMaskedLM, VocabProjection, vocab_logits
 from jaxencoder.tasks import base, masked_lm, registry
 from jaxencoder.train.config import base_config, finalize
 from jaxencoder.train.resume import config_changes

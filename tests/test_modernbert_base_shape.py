@@ -19,7 +19,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from jaxencoder import EncoderForMaskedLM
-from jaxencoder.encoder import period_layout
+from jaxencoder.model.encoder import period_layout
 from jaxencoder.pretrained import modernbert
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "families" / "modernbert_base_shape"

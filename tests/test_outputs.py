@@ -18,7 +18,7 @@ from jaxencoder.io.checkpoint import Checkpointer
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import __main__ as convert_cli
 from jaxencoder.probing import __main__ as probe_cli
-from jaxencoder.restore_targets import write_encoder
+from jaxencoder.model.restore_targets import write_encoder
 from jaxencoder.train import predict
 
 

@@ -12,11 +12,14 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 import import_graph  # noqa: E402
 
-# folder -> folders it must not import ("model" = the top-level model modules).
+# folder -> folders it must not import (a top-level module is a folder of its own;
+# "package" is jaxencoder/__init__.py).
 EVERY_FOLDER = {"model", "train", "data", "pretrained", "probing", "io", "tokenizer", "cli",
                 "aot", "tasks", "progress", "export"}
 FORBIDDEN = {
     "errors": EVERY_FOLDER,  # the ground floor: errors every layer shares
+    "_lazy": EVERY_FOLDER,  # lazy public names: the package's import stays light
+    "tpu_host": EVERY_FOLDER,
     "cli": EVERY_FOLDER,  # the tools' shared helpers: light, no JAX (--help answers at once)
     "model": {"train", "data", "pretrained", "probing", "io", "tokenizer", "cli", "aot", "tasks"},
     "data": {"model", "train", "pretrained", "probing", "aot", "tasks"},
@@ -82,11 +85,11 @@ def test_the_cycle_check_catches_a_loop_inside_a_folder():
 
 
 def test_the_check_catches_a_wrong_arrow():
-  graph = {"jaxencoder.encoder": {"jaxencoder.train.loop"},
-           "jaxencoder.data.pipeline": {"jaxencoder.heads"},
+  graph = {"jaxencoder.model.encoder": {"jaxencoder.train.loop"},
+           "jaxencoder.data.pipeline": {"jaxencoder.model.heads"},
            "jaxencoder.train.loop": {"jaxencoder.probing.features", "jaxencoder.io.run_dir"}}
-  assert wrong_arrows(graph) == ["jaxencoder.data.pipeline -> jaxencoder.heads",
-                                 "jaxencoder.encoder -> jaxencoder.train.loop",
+  assert wrong_arrows(graph) == ["jaxencoder.data.pipeline -> jaxencoder.model.heads",
+                                 "jaxencoder.model.encoder -> jaxencoder.train.loop",
                                  "jaxencoder.train.loop -> jaxencoder.probing.features"]
 
 
@@ -136,7 +139,7 @@ def test_the_check_catches_an_import_of_a_cli_module(tmp_path):
 
 
 @pytest.mark.parametrize("module,folder", [
-    ("jaxencoder", "model"), ("jaxencoder.encoder", "model"), ("jaxencoder.train", "train"),
+    ("jaxencoder", "package"), ("jaxencoder.model.encoder", "model"), ("jaxencoder.train", "train"),
     ("jaxencoder.train.loop", "train"), ("jaxencoder.io.run_dir", "io"),
     ("jaxencoder.tokenizer", "tokenizer"), ("jaxencoder.errors", "errors")])
 def test_folder_of_a_module(module, folder):
@@ -174,3 +177,18 @@ print(sorted(registry.task_names()))
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "mlm" in out.stdout and "classify" in out.stdout
+
+
+@pytest.mark.parametrize("statement", ["import jaxencoder.flash",
+                                       "from jaxencoder import encoder",
+                                       "from jaxencoder.config import EncoderConfig"])
+def test_an_old_model_module_path_fails_naming_its_new_one(statement):
+  """The model's modules moved into jaxencoder/model/ (0.4): the old spelling is one line."""
+  done = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True,
+                        cwd=REPO)
+  assert done.returncode == 1
+  old = statement.split()[1] if statement.startswith("import") else (
+      statement.split()[1] + "." + statement.split()[3] if " import encoder" in statement
+      else statement.split()[1])
+  new = old.replace("jaxencoder.", "jaxencoder.model.", 1)
+  assert done.stderr.strip().splitlines()[-1] == f"ImportError: {old} moved: import {new}"

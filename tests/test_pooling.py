@@ -8,7 +8,7 @@ import pytest
 
 from conftest import random_ids, tiny_config
 from jaxencoder import Encoder
-from jaxencoder.pooling import AttentionPool, Pooler, max_pool, mean_pool
+from jaxencoder.model.pooling import AttentionPool, Pooler, max_pool, mean_pool
 
 
 def test_pooling_functions_ignore_padding():

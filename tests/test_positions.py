@@ -10,8 +10,8 @@ import pytest
 
 from conftest import tiny_config
 from jaxencoder import Encoder
-from jaxencoder.config import EncoderConfig
-from jaxencoder.positions import (RelativePositionBias, apply_rope, relative_bucket,
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.positions import (RelativePositionBias, apply_rope, relative_bucket,
                                   resample_position_grid, resample_position_table, sinusoidal_2d)
 
 # T5 (num_buckets=32, max_distance=128): 16 buckets per direction, keys after the query

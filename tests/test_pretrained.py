@@ -18,10 +18,10 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import tiny_config
-from jaxencoder.restore_targets import abstract_params, stored_config, stored_encoder
+from jaxencoder.model.restore_targets import abstract_params, stored_config, stored_encoder
 from jaxencoder import Encoder, EncoderForMaskedLM
 from jaxencoder.io.checkpoint import restore_params_only
-from jaxencoder.pooling import mean_pool
+from jaxencoder.model.pooling import mean_pool
 from jaxencoder.pretrained import embed, load, save
 from jaxencoder.io import run_dir
 from jaxencoder.pretrained.convert import convert

@@ -22,8 +22,8 @@ from safetensors.numpy import save_file
 from conftest import tiny_config
 from data_helpers import VOCAB, WORDS, tiny_tokenizer
 from jaxencoder import Encoder, EncoderForMaskedLM
-from jaxencoder.config import CHECKPOINT_FAMILIES
-from jaxencoder.electra import Electra
+from jaxencoder.model.config import CHECKPOINT_FAMILIES
+from jaxencoder.model.electra import Electra
 from jaxencoder.pretrained import encoder_params, load, save
 from jaxencoder.pretrained.convert import convert
 from jaxencoder.pretrained.hf_checkpoint import FAMILY_MODULES, family_module
@@ -159,7 +159,7 @@ def test_a_bert_config_cannot_be_saved_as_distilbert(tmp_path):
 
 
 def test_electra_pretraining_params_save_the_discriminator(tmp_path):
-  """jaxencoder.electra.Electra -> ElectraForPreTraining; its generator has no HF
+  """jaxencoder.model.electra.Electra -> ElectraForPreTraining; its generator has no HF
   place next to the discriminator and is left out."""
   cfg = tiny_config(family="electra", embedding_dim=16)
   params = nn.meta.unbox(Electra(cfg).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))[

@@ -15,8 +15,9 @@ from safetensors.numpy import load_file
 
 from conftest import random_ids, tiny_config
 from jaxencoder import Encoder, EncoderForMaskedLM
-from jaxencoder.stack_layout import loop_to_scan
-from jaxencoder import flash, pretrained
+from jaxencoder.model.stack_layout import loop_to_scan
+from jaxencoder import pretrained
+from jaxencoder.model import flash
 from jaxencoder.pretrained import modernbert
 from jaxencoder.tokenizer import Tokenizer
 

@@ -12,8 +12,8 @@ from conftest import tiny_config
 from data_helpers import VOCAB, tiny_tokenizer
 from jaxencoder import Encoder
 from jaxencoder.io.run_dir import RunDir
-from jaxencoder.restore_targets import stored_config
-from jaxencoder.positions import resample_position_table
+from jaxencoder.model.restore_targets import stored_config
+from jaxencoder.model.positions import resample_position_table
 from jaxencoder.pretrained import load, save
 from jaxencoder.pretrained.__main__ import main as convert_main
 from jaxencoder.pretrained.hf_checkpoint import resize_on_load

@@ -18,10 +18,10 @@ from safetensors.numpy import load_file, save_file
 
 from conftest import tiny_config
 from jaxencoder import Encoder
-from jaxencoder.config import EncoderConfig
-from jaxencoder.embeddings import patchify
-from jaxencoder.stack_layout import scan_to_loop
-from jaxencoder.positions import resample_position_grid, resample_position_table
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.embeddings import patchify
+from jaxencoder.model.stack_layout import scan_to_loop
+from jaxencoder.model.positions import resample_position_grid, resample_position_table
 from jaxencoder.pretrained import vit
 from jaxencoder.pretrained.resize import resize_positions
 

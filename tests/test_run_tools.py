@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import train_helpers as th
-from jaxencoder.restore_targets import stored_config, stored_encoder
+from jaxencoder.model.restore_targets import stored_config, stored_encoder
 from jaxencoder import Encoder
 from jaxencoder.io.run_dir import RunDir, read_metrics
 from jaxencoder.train import loop, plots, predict
@@ -168,7 +168,7 @@ def untrained_run(root: pathlib.Path, task: str) -> pathlib.Path:
   import flax.linen as nn
   import jax
 
-  from jaxencoder.config import EncoderConfig
+  from jaxencoder.model.config import EncoderConfig
   from jaxencoder.io.checkpoint import Checkpointer, to_json
   from jaxencoder.tasks import registry
   root.mkdir(parents=True)

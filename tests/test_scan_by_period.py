@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from conftest import fast_first, random_ids, tiny_config
-from jaxencoder import Encoder, flash, loop_to_scan, scan_to_loop
-from jaxencoder.encoder import period_layout
+from jaxencoder import Encoder, loop_to_scan, scan_to_loop
+from jaxencoder.model import flash
+from jaxencoder.model.encoder import period_layout
 
 B, L = 2, 16
 PADDED_BxL = jnp.array([[1] * L, [1] * 11 + [0] * (L - 11)], jnp.int32)
@@ -147,7 +148,7 @@ def test_a_sparse_last_local_layer_falls_back_alone_and_the_log_names_it(caplog)
   layer 5 alone runs xla; the global layers and the other local ones keep splash."""
   flash._explained.clear()
   cfg = modern(6, attention_impl="splash", pooling="cls")
-  with caplog.at_level(logging.WARNING, logger="jaxencoder.flash"):
+  with caplog.at_level(logging.WARNING, logger="jaxencoder.model.flash"):
     plans = flash.plan_layers(cfg, sparse_last=True, backend="tpu")
   assert [p.impl for p in plans] == ["splash"] * 5 + ["xla"]
   assert [r.getMessage() for r in caplog.records] == [

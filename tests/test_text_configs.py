@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from jaxencoder.restore_targets import stored_encoder
+from jaxencoder.model.restore_targets import stored_encoder
 from jaxencoder import Encoder
 from jaxencoder.data import builders, fetch, sources
 from jaxencoder.io.run_dir import RunDir

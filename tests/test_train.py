@@ -18,8 +18,8 @@ import pytest
 import train_helpers as th
 from jaxencoder.train import sharding
 from jaxencoder.train import steps
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import ENCODER
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import ENCODER
 from jaxencoder.io.checkpoint import Checkpointer
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained.convert import restore_for_export

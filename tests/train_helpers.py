@@ -5,7 +5,7 @@ import pathlib
 import numpy as np
 
 from data_helpers import VOCAB, WORDS
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.data import builders
 from jaxencoder.train.config import base_config, model_config
 

@@ -35,20 +35,11 @@ def imports(package_dir: pathlib.Path) -> dict[str, set[str]]:
   return graph
 
 
-# Top-level modules that are not the model: shown (and checked) on their own.
-STANDALONE = ("tokenizer", "cli", "progress", "export", "errors")
-
-
 def folder(module: str) -> str:
-  """'jaxencoder.train.loop' and 'jaxencoder.train' -> 'train'; the top-level model modules
-  ('jaxencoder.encoder') and the package itself -> 'model'; STANDALONE ones by name."""
+  """'jaxencoder.train.loop' and 'jaxencoder.train' -> 'train'; a top-level module
+  ('jaxencoder.cli') by its name; the package itself -> 'package'."""
   parts = module.split(".")
-  if len(parts) == 1:
-    return "model"
-  return parts[1] if len(parts) > 2 or parts[1] in FOLDERS or parts[1] in STANDALONE else "model"
-
-
-FOLDERS = ("aot", "data", "io", "pretrained", "probing", "tasks", "train")
+  return parts[1] if len(parts) > 1 else "package"
 
 
 def summary(package_dir: pathlib.Path) -> str:

@@ -7,7 +7,7 @@ import time
 
 import jax
 
-from jaxencoder import flash
+from jaxencoder.model import flash
 from jaxencoder.aot import compiled as compiled_lib
 from jaxencoder.aot import hlo
 from jaxencoder.aot.targets import GIB, Target, target_devices

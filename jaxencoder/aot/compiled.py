@@ -16,7 +16,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxencoder import flash
+from jaxencoder.model import flash
 from jaxencoder.aot import hlo
 from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps

@@ -19,8 +19,8 @@ import numpy as np
 from jax.extend.core import jaxpr_as_fun, jaxprs_in_params
 
 from jaxencoder import cli
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import Encoder
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import Encoder
 from jaxencoder.export import CHECK_SHAPE, FILES, PLATFORMS, SPEC, onnx_matmul
 
 

@@ -15,11 +15,11 @@ from jaxencoder import cli
 from jaxencoder import pretrained as hf
 from jaxencoder.export import CHECK_SHAPE, FILES, PLATFORMS, SPEC, formats
 from jaxencoder.export.formats import Servable
-from jaxencoder.heads import EncoderClassifier
+from jaxencoder.model.heads import EncoderClassifier
 from jaxencoder.io import outputs
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained.hf_checkpoint import encoder_params
-from jaxencoder.restore_targets import stored_config, stored_encoder
+from jaxencoder.model.restore_targets import stored_config, stored_encoder
 from jaxencoder.tasks import registry
 from jaxencoder.tokenizer import resolve_file, run_tokenizer
 from jaxencoder.train import predict

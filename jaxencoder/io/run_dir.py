@@ -14,7 +14,7 @@ train.py writes it (`RunDir.checkpointer`, `metrics_file`, `tensorboard_dir`); t
 converter creates one from a Hugging Face checkpoint (`write_params`); `init_from`,
 probing and the converter back to Hugging Face read it (`read_config`, `restore_subtree`,
 `read_metrics`). It stores and reads trees and dicts; it knows no model: the model side
-(jaxencoder/restore_targets.py) builds the restore target, the EncoderConfig and the stack
+(jaxencoder/model/restore_targets.py) builds the restore target, the EncoderConfig and the stack
 layout. A path may name the workdir or its `checkpoints/` folder.
 """
 
@@ -40,7 +40,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 Params = Any
 T = TypeVar("T")
 log = logging.getLogger("jaxencoder")
-# RunDir's model-side methods, now in jaxencoder.restore_targets: storage stores trees.
+# RunDir's model-side methods, now in jaxencoder.model.restore_targets: storage stores trees.
 MOVED = {"model_config": "stored_config(run, step)",
          "restore_encoder": "restore_encoder(run, abstract, step=step)",
          "write_encoder": "write_encoder(run, cfg, params, tokenizer)"}
@@ -63,7 +63,7 @@ class RunDir:
 
   def __getattr__(self, name: str):
     if name in MOVED:
-      raise AttributeError(f"RunDir.{name} moved: jaxencoder.restore_targets.{MOVED[name]}")
+      raise AttributeError(f"RunDir.{name} moved: jaxencoder.model.restore_targets.{MOVED[name]}")
     raise AttributeError(f"'RunDir' object has no attribute {name!r}")
 
   @classmethod

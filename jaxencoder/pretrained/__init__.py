@@ -8,7 +8,7 @@
 bert (BertModel, BertForMaskedLM), roberta (RobertaModel, RobertaForMaskedLM;
 positions offset past the pad id, byte-level BPE tokenizer), distilbert
 (DistilBertModel, DistilBertForMaskedLM), electra (ElectraModel; ElectraForPreTraining
--> the discriminator head of jaxencoder.electra; ElectraForMaskedLM, a generator).
+-> the discriminator head of jaxencoder.model.electra; ElectraForMaskedLM, a generator).
 
 Convert for `train.py --config.init_from=DIR` (and back):
   python -m jaxencoder.pretrained convert --from HF_DIR --to DIR [--scan_layers]

@@ -11,9 +11,9 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from jaxencoder import lora
-from jaxencoder.config import EncoderConfig
-from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
+from jaxencoder.model import lora
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.restore_targets import encoder_params, restore_encoder, stored_config
 
 ADAPTERS_FILE = "adapters.safetensors"
 

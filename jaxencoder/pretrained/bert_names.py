@@ -15,8 +15,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import EMBEDDINGS, layer_name
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import EMBEDDINGS, layer_name
 
 # HF hidden_act -> our activation.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",

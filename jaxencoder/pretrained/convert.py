@@ -11,15 +11,15 @@ import pathlib
 import shutil
 import tempfile
 
-from jaxencoder import lora
-from jaxencoder.electra import Electra
-from jaxencoder.encoder import ENCODER
+from jaxencoder.model import lora
+from jaxencoder.model.electra import Electra
+from jaxencoder.model.encoder import ENCODER
 from jaxencoder.io import outputs, paths
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import hf_checkpoint
 from jaxencoder.pretrained.adapters_file import ADAPTERS_FILE, write_adapters
 from jaxencoder.pretrained.electra_names import DISCRIMINATOR_HEAD
-from jaxencoder.restore_targets import (abstract_params, encoder_params, restore_encoder,
+from jaxencoder.model.restore_targets import (abstract_params, encoder_params, restore_encoder,
                                         stored_config, write_encoder)
 from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import layer_name
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import layer_name
 from jaxencoder.pretrained import bert_names as bert
 
 PREFIX = "distilbert."

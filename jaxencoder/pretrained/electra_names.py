@@ -4,7 +4,7 @@ ElectraModel's token / position / type tables and their LayerNorm are E =
 embedding_size wide; `embeddings_project` (E -> hidden_size) follows when E differs,
 our `embeddings/project` (cfg.embedding_dim). No pooler. Heads (prefix `electra.`):
 ElectraForPreTraining's `discriminator_predictions` is our ELECTRA DiscriminatorHead
-(jaxencoder.electra); ElectraForMaskedLM (a generator checkpoint) is our
+(jaxencoder.model.electra); ElectraForMaskedLM (a generator checkpoint) is our
 EncoderForMaskedLM, its `generator_predictions` (always GELU) our MlmHead.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.pretrained import bert_names as bert
 
 PREFIX = "electra."
-DISCRIMINATOR_HEAD = "discriminator_head"  # jaxencoder.electra.Electra's attribute name
+DISCRIMINATOR_HEAD = "discriminator_head"  # jaxencoder.model.electra.Electra's attribute name
 
 
 def encoder_config(hf: Mapping[str, Any], **overrides: Any) -> EncoderConfig:
@@ -58,6 +58,6 @@ LAYOUT = bert.Layout(
                      discriminator_slots, lambda prefix: {}),
            bert.Head("mlm_head", "generator_", "ElectraForMaskedLM", generator_slots,
                      generator_tied, activation="gelu")),
-    # jaxencoder.electra's generator reads the discriminator's token table through its
+    # jaxencoder.model.electra's generator reads the discriminator's token table through its
     # own front end: no HF class holds it next to the discriminator, so save drops it.
     pooler=False, unsaved=("generator", "generator_head"))

@@ -25,9 +25,9 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from jaxencoder import cli
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import ENCODER
-from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import ENCODER
+from jaxencoder.model.stack_layout import loop_to_scan, scan_to_loop
 from jaxencoder.pretrained import bert_names as names
 from jaxencoder.pretrained.resize import resize_positions
 from jaxencoder.tokenizer import HF_SPECIAL_IDS, Tokenizer, check_fits

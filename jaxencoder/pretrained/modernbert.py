@@ -20,9 +20,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import EMBEDDINGS, ENCODER, layer_name
-from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import EMBEDDINGS, ENCODER, layer_name
+from jaxencoder.model.stack_layout import loop_to_scan, scan_to_loop
 from jaxencoder.pretrained.bert_names import Slot, config_mismatches, dense_slots, norm_slots
 from jaxencoder.pretrained.hf_checkpoint import (CONFIG, WEIGHTS, check_tensors, flatten, get,
                                                  nest, read_json, read_tensors,

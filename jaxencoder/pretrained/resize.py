@@ -15,10 +15,10 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.embeddings import num_positions
-from jaxencoder.encoder import EMBEDDINGS, ENCODER
-from jaxencoder.positions import resample_position_grid, resample_position_table
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.embeddings import num_positions
+from jaxencoder.model.encoder import EMBEDDINGS, ENCODER
+from jaxencoder.model.positions import resample_position_grid, resample_position_table
 
 log = logging.getLogger(__name__)
 POSITION_TABLE = (EMBEDDINGS, "position_embed", "embedding")  # inside the Encoder params

@@ -13,9 +13,9 @@ import numpy as np
 from tokenizers import normalizers
 
 from jaxencoder import progress as progress_lib
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import Encoder
-from jaxencoder.heads import l2_normalize
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import Encoder
+from jaxencoder.model.heads import l2_normalize
 from jaxencoder.pretrained import hf_checkpoint
 from jaxencoder.tokenizer import Tokenizer
 

@@ -24,10 +24,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.embeddings import num_positions
-from jaxencoder.encoder import EMBEDDINGS, ENCODER, layer_name
-from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.embeddings import num_positions
+from jaxencoder.model.encoder import EMBEDDINGS, ENCODER, layer_name
+from jaxencoder.model.stack_layout import loop_to_scan, scan_to_loop
 from jaxencoder.pretrained import bert_names as names
 from jaxencoder.pretrained import hf_checkpoint as hf
 from jaxencoder.pretrained.resize import resize_positions

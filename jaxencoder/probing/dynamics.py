@@ -23,12 +23,12 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from jaxencoder import progress as progress_lib
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained.hf_checkpoint import resize_on_load
 from jaxencoder.probing import features as features_lib
 from jaxencoder.probing import probe_report, probes
-from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
+from jaxencoder.model.restore_targets import encoder_params, restore_encoder, stored_config
 
 
 def parse_steps(text: str, kept: Sequence[int]) -> list[int]:

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxencoder import progress as progress_lib
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.data import readers
-from jaxencoder.encoder import Encoder
+from jaxencoder.model.encoder import Encoder
 from jaxencoder.probing import attention_stats, store
 from jaxencoder.tokenizer import check_fits
 

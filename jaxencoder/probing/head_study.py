@@ -19,8 +19,8 @@ import numpy as np
 import optax
 
 from jaxencoder import progress as progress_lib
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import Encoder
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import Encoder
 from jaxencoder.probing import features as features_lib
 from jaxencoder.probing import head_importance, probes
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from jaxencoder.config import dataclass_from_dict
+from jaxencoder.model.config import dataclass_from_dict
 from jaxencoder.io.run_dir import read_metrics
 
 

@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxencoder import progress as progress_lib
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.data import pipeline, readers, sources
 from jaxencoder.data.pipeline import Reading
-from jaxencoder.encoder import Encoder
+from jaxencoder.model.encoder import Encoder
 from jaxencoder.probing import attention_stats, store
 from jaxencoder.probing.features import Features, extracting_desc
 

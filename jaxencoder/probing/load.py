@@ -10,7 +10,7 @@ from jaxencoder.data import readers
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained.hf_checkpoint import check_tokenizer, resize_on_load
 from jaxencoder.probing import features, images
-from jaxencoder.restore_targets import stored_config, stored_encoder
+from jaxencoder.model.restore_targets import stored_config, stored_encoder
 from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
 
 

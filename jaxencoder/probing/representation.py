@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from jaxencoder.config import dataclass_from_dict
+from jaxencoder.model.config import dataclass_from_dict
 
 COSINE_BINS = np.linspace(-1.0, 1.0, 21)
 

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from jaxencoder import progress as progress_lib
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features as features_lib
 from jaxencoder.probing import (head_study, health, images, mdl, probe_report, probes,

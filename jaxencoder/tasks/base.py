@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.data import kinds
 # the batch-shape helpers the data kinds share with the task modules (which import them here)
 from jaxencoder.data.kinds.base import Kind, Shapes, per_example, text_shapes  # noqa: F401
-from jaxencoder.encoder import ENCODER, Encoder
+from jaxencoder.model.encoder import ENCODER, Encoder
 
 if TYPE_CHECKING:  # the grain pipelines load only where a task builds one
   from jaxencoder.data.pipeline import Reading

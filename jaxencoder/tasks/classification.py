@@ -16,7 +16,7 @@ import optax
 
 from jaxencoder.data import records
 from jaxencoder.data.readers import DataError, as_text
-from jaxencoder.heads import EncoderClassifier, EncoderMultipleChoice
+from jaxencoder.model.heads import EncoderClassifier, EncoderMultipleChoice
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, f1_scores,
                                    loss_summary, mean_loss, per_example, record_shapes,
                                    text_shapes, weighted_ce)

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxencoder.data import kinds, records
 from jaxencoder.data.readers import as_text
-from jaxencoder.heads import EncoderContrastive, info_nce_loss, is_grouped
+from jaxencoder.model.heads import EncoderContrastive, info_nce_loss, is_grouped
 from jaxencoder.tasks import matryoshka
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
                                    masked_cross_entropy, mean_loss, pooled_vectors,

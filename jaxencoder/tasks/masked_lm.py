@@ -41,8 +41,8 @@ import numpy as np
 import optax
 
 from jaxencoder.data.kinds.text_corpus import mask_rate_schedule, masked_text_pipeline
-from jaxencoder.heads import EncoderForMaskedLM, EncoderForPreTraining, vocab_logits
-from jaxencoder.layers import take_rows
+from jaxencoder.model.heads import EncoderForMaskedLM, EncoderForPreTraining, vocab_logits
+from jaxencoder.model.layers import take_rows
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model,
                                    chunked_weighted_ce, loss_summary, mean_loss,
                                    pooled_vectors, weighted_ce)

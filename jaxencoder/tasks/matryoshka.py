@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import jax
 
-from jaxencoder.heads import l2_normalize
+from jaxencoder.model.heads import l2_normalize
 
 Sums = dict[str, jax.Array]
 SEP = "@"  # metric@dims

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.data import kinds
 from jaxencoder.tasks import (classification, contrastive, masked_lm, regression,
                               replaced_tokens, seq2seq, span)

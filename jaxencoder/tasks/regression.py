@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxencoder.data import records
 from jaxencoder.data.readers import as_text
-from jaxencoder.heads import EncoderClassifier
+from jaxencoder.model.heads import EncoderClassifier
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
                                    mean_loss, per_example, record_shapes, text_shapes)
 

@@ -1,7 +1,7 @@
 """ELECTRA pre-training (task `electra`): a generator of `generator_scale` x the width
 proposes tokens at the masked positions, the discriminator (`encoder`) detects them;
 loss = generator MLM + `discriminator_weight` x discriminator BCE (the model:
-jaxencoder/electra.py).
+jaxencoder/model/electra.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxencoder.electra import GENERATOR_SCALE, Electra, replace_tokens
+from jaxencoder.model.electra import GENERATOR_SCALE, Electra, replace_tokens
 from jaxencoder.tasks import masked_lm
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
                                    mean_loss, pooled_vectors)

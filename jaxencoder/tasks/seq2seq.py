@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxencoder.data import kinds
-from jaxencoder.decoder import EncoderDecoder, greedy_decode
+from jaxencoder.model.decoder import EncoderDecoder, greedy_decode
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
                                    mean_loss, text_shapes, weighted_ce)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxencoder.data import records
 from jaxencoder.data.readers import DataError, as_text
-from jaxencoder.heads import EncoderClassifier
+from jaxencoder.model.heads import EncoderClassifier
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
                                    masked_cross_entropy, mean_loss, per_example, record_shapes,
                                    text_shapes)

@@ -20,7 +20,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxencoder import cli
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.data import kinds, packing
 from jaxencoder.tasks import registry
 from jaxencoder.train.optim import check as check_optim

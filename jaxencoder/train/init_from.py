@@ -14,16 +14,16 @@ import logging
 import jax
 import ml_collections
 
-from jaxencoder import lora
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model import lora
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.data import kinds
-from jaxencoder.encoder import SCANNED_LAYERS
+from jaxencoder.model.encoder import SCANNED_LAYERS
 from jaxencoder.io.paths import as_path
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained.convert import convert, is_hf_dir
 from jaxencoder.pretrained.named_checkpoints import NAMED_CHECKPOINTS  # init_from's: minilm
-from jaxencoder.restore_targets import encoder_params, restore_encoder, stored_config
-from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
+from jaxencoder.model.restore_targets import encoder_params, restore_encoder, stored_config
+from jaxencoder.model.stack_layout import loop_to_scan, scan_to_loop
 from jaxencoder.tokenizer import default_tokenizer_path, run_tokenizer
 from jaxencoder.train.config import finalize
 from jaxencoder.train.datasets import vocab_from_tokenizer

@@ -18,9 +18,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxencoder import lora, progress
+from jaxencoder import progress
+from jaxencoder.model import lora
 from jaxencoder.data import kinds, packing
-from jaxencoder.encoder import ENCODER
+from jaxencoder.model.encoder import ENCODER
 from jaxencoder.train import distributed, provenance
 from jaxencoder.train.compilation_cache import use_compilation_cache
 from jaxencoder.train import sharding as sharding_lib

@@ -58,8 +58,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from jaxencoder import lora
-from jaxencoder.encoder import ENCODER, in_embeddings, in_scanned_stack, layer_index
+from jaxencoder.model import lora
+from jaxencoder.model.encoder import ENCODER, in_embeddings, in_scanned_stack, layer_index
 
 OPTIMIZERS = ("adamw", "adafactor", "lion")
 SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant", "wsd")

@@ -41,7 +41,7 @@ import numpy as np
 
 from jaxencoder import cli
 from jaxencoder import progress as progress_lib
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.errors import NotDamaged
 
 if TYPE_CHECKING:  # the model side loads on use: `--help` imports no JAX or Flax
@@ -120,7 +120,7 @@ def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
 def _restore_step(run: RunDir, run_path, step: int) -> tuple[Predictor, dict]:
   # lazy: --help stays fast
   from jaxencoder.io.checkpoint import restore_params_only
-  from jaxencoder.restore_targets import abstract_params
+  from jaxencoder.model.restore_targets import abstract_params
   from jaxencoder.tasks import registry
   config = run.read_config(step)
   cfg = EncoderConfig.from_dict(config["model"])

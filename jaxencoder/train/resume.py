@@ -8,7 +8,7 @@ import logging
 
 import ml_collections
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 from jaxencoder.io.checkpoint import to_json
 from jaxencoder.train.config import base_config
 

@@ -11,17 +11,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.attention import AttentionLayer, KernelCall
-from jaxencoder.config import EncoderConfig
-from jaxencoder.embeddings import Embeddings
-from jaxencoder.encoder import (EMBEDDINGS, SCANNED_LAYERS, Encoder, block_class, layer_name,
+from jaxencoder.model.attention import AttentionLayer, KernelCall
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.embeddings import Embeddings
+from jaxencoder.model.encoder import (EMBEDDINGS, SCANNED_LAYERS, Encoder, block_class, layer_name,
                                 scanned_blocks)
-from jaxencoder.ffn import FeedForward
-from jaxencoder.flash import AttentionPlan, plan_attention
-from jaxencoder.heads import MlmHead
-from jaxencoder.layers import constrain, norm
-from jaxencoder.masks import make_attention_mask, make_cache_mask
-from jaxencoder.positions import RelativePositionBias, apply_rope
+from jaxencoder.model.ffn import FeedForward
+from jaxencoder.model.flash import AttentionPlan, plan_attention
+from jaxencoder.model.heads import MlmHead
+from jaxencoder.model.layers import constrain, norm
+from jaxencoder.model.masks import make_attention_mask, make_cache_mask
+from jaxencoder.model.positions import RelativePositionBias, apply_rope
 
 DECODER = "decoder"  # where EncoderDecoder holds the Decoder (the Encoder: encoder.ENCODER)
 LM_HEAD = "lm_head"  # the Decoder's output head, tied to its token embedding

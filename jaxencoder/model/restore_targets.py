@@ -14,10 +14,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import ENCODER, Encoder, in_scanned_stack
-from jaxencoder.heads import EncoderForMaskedLM
-from jaxencoder.stack_layout import loop_to_scan, scan_to_loop
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import ENCODER, Encoder, in_scanned_stack
+from jaxencoder.model.heads import EncoderForMaskedLM
+from jaxencoder.model.stack_layout import loop_to_scan, scan_to_loop
 
 Params = dict
 

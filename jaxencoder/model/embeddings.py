@@ -6,9 +6,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.layers import dense, dtype_of, kernel_init, norm
-from jaxencoder.positions import positions_from_segments, sinusoidal, sinusoidal_2d
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.layers import dense, dtype_of, kernel_init, norm
+from jaxencoder.model.positions import positions_from_segments, sinusoidal, sinusoidal_2d
 
 
 def patchify(images_BxHxWxC: jax.Array, patch: int) -> jax.Array:

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxencoder.config import EncoderConfig, image_stride_name
+from jaxencoder.model.config import EncoderConfig, image_stride_name
 
 
 def _is_concrete(x) -> bool:

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import SCANNED_LAYERS, path_parts
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import SCANNED_LAYERS, path_parts
 
 LORA_A, LORA_B = "lora_a", "lora_b"
 ADAPTERS = (LORA_A, LORA_B)

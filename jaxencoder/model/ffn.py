@@ -7,8 +7,8 @@ import functools
 import flax.linen as nn
 import jax
 
-from jaxencoder.config import GATED_ACTIVATIONS as GATED, EncoderConfig
-from jaxencoder.layers import dense
+from jaxencoder.model.config import GATED_ACTIVATIONS as GATED, EncoderConfig
+from jaxencoder.model.layers import dense
 
 ACTIVATIONS = {
     "gelu": functools.partial(jax.nn.gelu, approximate=False),

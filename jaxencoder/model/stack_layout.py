@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.encoder import SCANNED_LAYERS, layer_index, layer_name
+from jaxencoder.model.encoder import SCANNED_LAYERS, layer_index, layer_name
 
 
 def loop_to_scan(params: Mapping[str, Any]) -> dict[str, Any]:

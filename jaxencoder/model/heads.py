@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import EMBEDDINGS, Encoder, EncoderOutput
-from jaxencoder.ffn import ACTIVATIONS
-from jaxencoder.layers import dense, dtype_of, norm, take_rows, zeros_init
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import EMBEDDINGS, Encoder, EncoderOutput
+from jaxencoder.model.ffn import ACTIVATIONS
+from jaxencoder.model.layers import dense, dtype_of, norm, take_rows, zeros_init
 
 
 def vocab_logits(h_BxLxE: jax.Array, table_VxE: jax.Array, bias_V: jax.Array) -> jax.Array:

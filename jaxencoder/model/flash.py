@@ -36,9 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxencoder.attention import KernelCall, fused_kernel, linear_kernel, xla_kernel
-from jaxencoder.config import EncoderConfig, local_layer
-from jaxencoder.layers import take_rows
+from jaxencoder.model.attention import KernelCall, fused_kernel, linear_kernel, xla_kernel
+from jaxencoder.model.config import EncoderConfig, local_layer
+from jaxencoder.model.layers import take_rows
 
 log = logging.getLogger(__name__)
 

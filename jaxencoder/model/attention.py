@@ -24,9 +24,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.layers import dense, take_rows
-from jaxencoder.positions import apply_rope
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.layers import dense, take_rows
+from jaxencoder.model.positions import apply_rope
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,16 +11,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.attention import AttentionInputs, MultiHeadAttention
-from jaxencoder.config import EncoderConfig, local_layer
-from jaxencoder.embeddings import Embeddings
-from jaxencoder.flash import AttentionPlan, plan_layers
-from jaxencoder.ffn import FeedForward
-from jaxencoder.inputs import check_inputs, check_output_positions
-from jaxencoder.layers import constrain, norm, take_rows
-from jaxencoder.masks import make_attention_mask
-from jaxencoder.pooling import Pooler
-from jaxencoder.positions import RelativePositionBias
+from jaxencoder.model.attention import AttentionInputs, MultiHeadAttention
+from jaxencoder.model.config import EncoderConfig, local_layer
+from jaxencoder.model.embeddings import Embeddings
+from jaxencoder.model.flash import AttentionPlan, plan_layers
+from jaxencoder.model.ffn import FeedForward
+from jaxencoder.model.inputs import check_inputs, check_output_positions
+from jaxencoder.model.layers import constrain, norm, take_rows
+from jaxencoder.model.masks import make_attention_mask
+from jaxencoder.model.pooling import Pooler
+from jaxencoder.model.positions import RelativePositionBias
 
 # Param-tree names: the one place they are spelled. Optimizer rules (layer-wise LR decay,
 # freezing), the loop <-> scan layout converter, heads and the Hugging Face name maps

@@ -6,8 +6,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.layers import dense, kernel_init, dtype_of
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.layers import dense, kernel_init, dtype_of
 
 
 def mean_pool(x_BxLxD: jax.Array, mask_BxL: jax.Array) -> jax.Array:

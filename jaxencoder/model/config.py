@@ -163,7 +163,7 @@ class EncoderConfig:
   dtype: str = _runtime("float32")
   param_dtype: str = _runtime("float32")
 
-  # LoRA (Hu et al. 2021; jaxencoder/lora.py): rank > 0 adds adapters A [in, r] and
+  # LoRA (Hu et al. 2021; jaxencoder/model/lora.py): rank > 0 adds adapters A [in, r] and
   # B [r, out] (B = 0 at init) beside every block kernel whose path in the block
   # (`block_kernels`, e.g. "attention/query/kernel") `lora_targets` (a regex) matches:
   # y = x W + (lora_alpha / r) dropout(x) A B. The optimizer then trains only the

@@ -20,11 +20,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.encoder import EMBEDDINGS, Encoder
-from jaxencoder.ffn import ACTIVATIONS
-from jaxencoder.heads import MlmHead
-from jaxencoder.layers import dense, dtype_of, take_rows
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.encoder import EMBEDDINGS, Encoder
+from jaxencoder.model.ffn import ACTIVATIONS
+from jaxencoder.model.heads import MlmHead
+from jaxencoder.model.layers import dense, dtype_of, take_rows
 
 GENERATOR_SCALE = 0.25  # generator width, heads and FFN / the discriminator's (ELECTRA-Small)
 

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxencoder.config import EncoderConfig
-from jaxencoder.layers import dtype_of
+from jaxencoder.model.config import EncoderConfig
+from jaxencoder.model.layers import dtype_of
 
 
 def positions_from_segments(segment_ids_BxL: jax.Array) -> jax.Array:

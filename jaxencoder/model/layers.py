@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxencoder.config import EncoderConfig
+from jaxencoder.model.config import EncoderConfig
 
 # Logical activation axes; rules in the training config map them to mesh axes.
 ACT_BLD = ("act_batch", "act_len", "act_embed")
