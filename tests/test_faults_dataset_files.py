@@ -50,19 +50,22 @@ def test_a_deleted_shard_is_refused_at_open_naming_it_and_the_prepare_command(co
   assert sorted(corpus.path.iterdir()) == before  # nothing written
 
 
-@pytest.mark.parametrize("size,detail", [
-    (100, "ArrayRecord file should be at least 64KB big"),
-    (70_000, "Corrupted Riegeli/records file: chunk header hash mismatch")])
-def test_a_truncated_shard_names_the_file_when_it_is_read(corpus, capsys, size, detail):
+# The library's own first line, in brackets: which one array_record reports for a cut past
+# 64 KB depends on which of its reads meets the cut first (seen: both below, under load).
+@pytest.mark.parametrize("size,details", [
+    (100, ("ArrayRecord file should be at least 64KB big",)),
+    (70_000, ("Corrupted Riegeli/records file: chunk header hash mismatch",
+              "Invalid postscript"))])
+def test_a_truncated_shard_names_the_file_when_it_is_read(corpus, capsys, size, details):
   corpus.shard.write_bytes(corpus.shard.read_bytes()[:size])
   source = sources.open_source(str(corpus.path))  # the file is there: it opens
-  line = f"{corpus.shard}: truncated or damaged ({detail}); {rebuild(corpus)}"
-  with pytest.raises(DataError) as raised:
-    source[len(source) - 1]
-  assert str(raised.value) == line
-  with pytest.raises(DataError) as raised:
-    source.__getitems__([0, 1, 2])
-  assert str(raised.value) == line
+  head, tail = f"{corpus.shard}: truncated or damaged (", f"); {rebuild(corpus)}"
+  for read in (lambda: source[len(source) - 1], lambda: source.__getitems__([0, 1, 2])):
+    with pytest.raises(DataError) as raised:
+      read()
+    line = str(raised.value)
+    assert line.startswith(head) and line.endswith(tail) and "\n" not in line
+    assert line[len(head):-len(tail)].startswith(details), line
   assert stats(corpus, capsys) == (cli.EXIT_USER_ERROR, [f"error: {line}"])
 
 
