@@ -187,7 +187,8 @@ class NamedShardReads:
       except (RuntimeError, OSError) as e:
         file = self.files[bisect.bisect_right(self.ends, int(index))]
         what = "missing" if "No such file" in str(e) else "truncated or damaged"
-        detail = str(e).split(";")[0].split(" (")[0].strip()  # no checksums, no paths
+        first = (str(e).strip().splitlines() or [""])[0]  # the library's first line only
+        detail = first.split(";")[0].split(" (")[0].strip()  # no checksums, no paths
         return DataError(f"{file}: {what} ({detail}); rebuild the dataset: "
                          f"{prepare_command(self.folder)}")
     return error
