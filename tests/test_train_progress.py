@@ -67,7 +67,7 @@ def stub_run(num_train_steps: int, log_every: int):
       checkpoint_every=1000))
   return SimpleNamespace(config=config, state=SimpleNamespace(step=0),
                          checkpointer=SimpleNamespace(check=lambda: None),
-                         writer=SimpleNamespace(write=lambda *args: None))
+                         writer=SimpleNamespace(write=lambda *args: None), patience=None)
 
 
 @pytest.fixture

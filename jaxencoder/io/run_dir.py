@@ -9,6 +9,8 @@
     tokenizer.json, vocab.txt  # the tokenizer the run's inputs use (its own copy)
     run_record.json            # what its numbers mean: the tokenizer files' sha256, the
                                # label names, each split's fingerprint (io/run_record.py)
+    best.json                  # load_best_at_end: {"step", "metric", "value"}, the step
+                               # readers take when none is named (RunDir.default_step)
 
 train.py writes it (`RunDir.checkpointer`, `metrics_file`, `tensorboard_dir`); the
 converter creates one from a Hugging Face checkpoint (`write_params`); `init_from`,
@@ -35,6 +37,7 @@ from jaxencoder.io.paths import as_path
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
+BEST = "best.json"
 TENSORBOARD = "tensorboard"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 Params = Any
@@ -60,6 +63,7 @@ class RunDir:
 
   def __init__(self, path: epath.PathLike):
     self.path = as_path(path)
+    self._best_said = False
 
   def __getattr__(self, name: str):
     if name in MOVED:
@@ -107,6 +111,30 @@ class RunDir:
   def latest_step(self) -> int | None:
     found = self.steps()
     return found[-1] if found else None
+
+  def record_best(self, step: int | None, metric: str = "", value: float | None = None) -> None:
+    """Records `step` as the one readers take by default (a run trained with
+    load_best_at_end: its best on `metric`); None removes the record."""
+    path = self.path / BEST
+    if step is None:
+      if path.exists():
+        path.unlink()
+      return
+    path.write_text(json.dumps({"step": step, "metric": metric, "value": value}) + "\n")
+
+  def best_at_end(self) -> dict[str, Any] | None:
+    """best.json's {"step", "metric", "value"} while that step is saved; else None."""
+    path = self.path / BEST
+    if not path.exists():
+      return None
+    best = json.loads(path.read_text())
+    return best if best.get("step") in self.steps() else None
+
+  def default_step(self) -> int | None:
+    """The step readers (predict, convert, export, probe, init_from) take when none is
+    named: the best one of a load_best_at_end run, else the latest."""
+    best = self.best_at_end()
+    return best["step"] if best else self.latest_step()
 
   def _step(self, step: int | None) -> int:
     found = self.steps()
@@ -158,11 +186,13 @@ class RunDir:
 
   def newest_restorable(self, restore: Callable[[int], T], step: int | None = None
                         ) -> tuple[int, T]:
-    """(step, restore(step)) of `step`, else of the newest step that restores: a damaged
+    """(step, restore(step)) of `step` (none named: a load_best_at_end run's best one,
+    see default_step), else of the newest step that restores: a damaged
     newer step (files truncated or missing) is skipped with one warning naming it and the
     step used, as train and predict skip it. Reads only. A damaged `step`, or none that
     restores: UnrestorableStep. Params that do not fit the target (ParamsMismatch), or
     any NotDamaged, raise at once: no older step fits better."""
+    step = self._best_unless(step)
     saved = self.steps()
     if not saved or (step is not None and step not in saved):
       self._step(step)  # FileNotFoundError: no checkpoint, or not this step
@@ -180,6 +210,18 @@ class RunDir:
         log.warning("%s; using step %d", self._unrestorable(failures), candidate)
       return candidate, result
     raise self._none_restores(failures, saved, explicit=step is not None)
+
+  def _best_unless(self, step: int | None) -> int | None:
+    """`step`, or with none named the recorded best one (load_best_at_end), said once
+    (a warning, so the CLIs that show warnings only say it too: not the newest step)."""
+    best = self.best_at_end() if step is None else None
+    if best is None:
+      return step
+    if not self._best_said:
+      log.warning("%s: using step %d, the best on %s (%.4g; load_best_at_end)", self.path,
+               best["step"], best["metric"], best["value"])
+      self._best_said = True
+    return best["step"]
 
   def _unrestorable(self, failures: list[tuple[int, str]]) -> str:
     return "; ".join(f"{self.checkpoint_dir / str(s)} cannot be restored ({why})"

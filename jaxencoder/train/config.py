@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import logging
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
@@ -91,7 +91,11 @@ def base_config() -> ml_collections.ConfigDict:
   ))
   c.batch_size = 32
   c.eval_batch_size = 64
-  c.num_train_steps = 1000
+  c.num_train_steps = 1000  # the run's length in steps; 0: from num_train_epochs
+  # >0: the run's length in passes over the train split (num_train_steps 0): ceil(train
+  # examples x epochs / rows a step), resolved at the start, logged, kept on resume
+  c.num_train_epochs = 0.0
+  c.train_examples = 0  # set by the run: the train split's size num_train_epochs counted
   c.log_every = 50
   c.eval_every = 500
   c.checkpoint_every = 500
@@ -100,6 +104,10 @@ def base_config() -> ml_collections.ConfigDict:
   #                         multiple of checkpoint_every), e.g. for jaxencoder-probe --steps
   c.best_metric = "loss"  # an eval metric; lower is better for loss and the losses its
   #                         task names (Family.minimized), higher for the rest
+  c.early_stopping_patience = 0  # >0: stop after this many evals in a row without a
+  #                                better best_metric (counted across resumes)
+  c.load_best_at_end = False  # the final eval, test, predict, convert and export use the
+  #                             checkpoint best on best_metric (every eval must be saved)
   c.seed = 0
   c.rng_impl = "threefry"  # threefry (same streams on every backend) | rbg | unsafe_rbg (cheaper)
   c.optim = default_optim_config()
@@ -124,9 +132,11 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Validates, ties derived values (the schedule's length follows num_train_steps; the
   task's own, e.g. max_predictions) and locks. init_from's architecture is adopted before
   (train/init_from.finalized)."""
+  _check_length(config)
   _check_positive(config, ("num_train_steps", "batch_size", "eval_batch_size", "log_every",
                            "eval_every", "checkpoint_every"))
   _check_keep_every(config)
+  _check_best(config)
   check_optim(config.optim)
   _check_packing(config.data)
   if config.rng_impl not in RNG_IMPLS:
@@ -146,6 +156,55 @@ def _check_packing(data: ml_collections.ConfigDict) -> None:
   if data.packing not in packing.MODES:
     raise ValueError(f"data.packing={data.packing!r} is not a packing mode; choose one of "
                      f"{', '.join(map(repr, packing.MODES))}")
+
+
+LENGTH_KEYS = ("num_train_steps", "num_train_epochs")  # the run's length: one or the other
+
+
+def resolve_length(config, count_examples: Callable[[], int], recorded: dict | None = None
+                   ) -> None:
+  """Sets num_train_steps from num_train_epochs: ceil(train examples x epochs / rows a
+  step), rows a step being batch_size x optim.grad_accum_steps (one update). The train
+  examples are the run's `recorded` ones (its saved config, on resume: the same count
+  even if the data changed since), else `count_examples()`; kept as train_examples."""
+  epochs, steps = config.num_train_epochs, config.num_train_steps
+  if not epochs or config.train_examples:  # by steps, or resolved already (a saved config)
+    return
+  if steps:
+    raise ValueError(f"num_train_steps={steps} and num_train_epochs={epochs} both set the "
+                     "run's length: set the other one to 0 (--config.num_train_steps=0)")
+  examples = (recorded or {}).get("train_examples") or count_examples()
+  config.train_examples = examples
+  config.num_train_steps = max(1, math.ceil(examples * epochs / rows_per_step(config)))
+  log.info("num_train_epochs=%g: %d steps (%d train examples x %g / %d rows a step, rounded "
+           "up%s)", epochs, config.num_train_steps, examples, epochs, rows_per_step(config),
+           "; the count the run recorded" if (recorded or {}).get("train_examples") else "")
+
+
+def _check_length(config) -> None:
+  """num_train_steps or num_train_epochs (resolve_length turns epochs into steps)."""
+  if not isinstance(config.num_train_epochs, (int, float)) or config.num_train_epochs < 0:
+    raise ValueError(f"num_train_epochs must be >= 0 (0: num_train_steps sets the length), "
+                     f"got {config.num_train_epochs!r}")
+  if config.num_train_steps == 0 and not config.num_train_epochs:
+    raise ValueError("num_train_steps=0 and num_train_epochs=0: set the run's length with "
+                     "one of them (--config.num_train_steps=N or --config.num_train_epochs=E)")
+  if config.num_train_steps == 0:
+    raise ValueError(f"num_train_epochs={config.num_train_epochs} is not resolved into "
+                     "steps: finalize through jaxencoder.train.init_from.finalized")
+
+
+def _check_best(config) -> None:
+  """early_stopping_patience >= 0; load_best_at_end needs each eval's step saved (with
+  its metrics) to load the best one."""
+  patience = config.early_stopping_patience
+  if not isinstance(patience, int) or patience < 0:
+    raise ValueError(f"early_stopping_patience must be 0 (off) or a positive number of "
+                     f"evals, got {patience!r}")
+  if config.load_best_at_end and config.eval_every % config.checkpoint_every:
+    raise ValueError(f"load_best_at_end needs every eval saved: eval_every="
+                     f"{config.eval_every} must be a multiple of checkpoint_every="
+                     f"{config.checkpoint_every}")
 
 
 def _check_keep_every(config) -> None:
@@ -248,8 +307,10 @@ def _valid_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
-  """Applies `a.b=value` strings; an unknown key raises naming the closest valid ones."""
+  """Applies `a.b=value` strings; an unknown key raises naming the closest valid ones.
+  One of num_train_steps / num_train_epochs given replaces the config's other (0)."""
   valid = _valid_keys(config)
+  given = set()
   for item in overrides:
     key, sep, text = item.partition("=")
     if not sep:
@@ -265,6 +326,22 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
       override_model(config, **{leaf: value})
     else:
       node[leaf] = value
+    given.add(key)
+  _one_length(config, given)
+
+
+def _one_length(config, given: set[str]) -> None:
+  """A length key given alone (non-zero) replaces the other's config value: the command
+  line says how long the run is. Both given: resolve_length refuses them."""
+  named = given & set(LENGTH_KEYS)
+  if len(named) != 1:
+    return
+  key, = named
+  other = LENGTH_KEYS[1 - LENGTH_KEYS.index(key)]
+  if config[key] and config[other]:
+    log.info("%s=%g given: it replaces the config's %s=%g", key, config[key], other,
+             config[other])
+    config[other] = type(config[other])(0)
 
 
 def override_model(config: ml_collections.ConfigDict, **fields: Any) -> None:

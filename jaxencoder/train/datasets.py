@@ -115,8 +115,8 @@ def make_pipelines(config: ml_collections.ConfigDict, tokenizer_file: str | None
                               f"tokenizer {tokenizer_file} on {name}")
 
   make_test, read = None, {"train": train_src, "eval": eval_src}
-  if data_cfg.test_split:
-    test_src = sources.open_source(name, data_cfg.test_split, as_path(data_cfg.data_dir) / "tfds")
+  test_src = open_test(data_cfg, name)
+  if test_src is not None:
     make_test = lambda: build(test_src, config.eval_batch_size, 1, False)  # noqa: E731
     read["test"] = test_src
   return Pipelines(build(train_src, rows_per_step(config), None, True),
@@ -124,6 +124,38 @@ def make_pipelines(config: ml_collections.ConfigDict, tokenizer_file: str | None
                    names, tok, train_workers, make_test,
                    fingerprints={role: fingerprints.split_fingerprints(src)
                                  for role, src in read.items()})
+
+
+def train_examples(config) -> int:
+  """The train split's size as this run reads it (after any held-out part): what one
+  epoch (num_train_epochs) counts. Each example is one row of a batch; a text corpus has
+  no such count (documents are cut or packed into rows), nor a mixture: refused."""
+  data_cfg = config.data
+  if kinds.kind_of(data_cfg.kind).corpus or data_cfg.sources:
+    raise ValueError(f"num_train_epochs counts examples read one a row; data.kind="
+                     f"{data_cfg.kind} cuts and packs documents into rows, so an epoch has "
+                     "no fixed step count: set num_train_steps instead")
+  name = resolve_source(data_cfg)
+  train_src, eval_src = open_splits(data_cfg, name)
+  check_sizes(data_cfg, name, train_src, eval_src)
+  return len(train_src)
+
+
+def open_test(data_cfg, name: str):
+  """data.test_split's source; None without one, or (warned) for a dataset with a train
+  split only (a config's `test` on the user's one file); another missing split: an error."""
+  if not data_cfg.test_split:
+    return None
+  tfds_dir = as_path(data_cfg.data_dir) / "tfds"
+  splits = sources.split_names(name, tfds_dir)
+  if data_cfg.test_split in splits:
+    return sources.open_source(name, data_cfg.test_split, tfds_dir)
+  if splits != ["train"]:
+    raise DataError(f"{name}: no split {data_cfg.test_split!r} to test on (has "
+                    f"{', '.join(splits)}): set --config.data.test_split to one of them, or ''")
+  log.warning("%s: no split %r, only train: no test score at the end (data.test_split='' "
+              "says so)", name, data_cfg.test_split)
+  return None
 
 
 def stores_token_ids(config) -> bool:

@@ -25,8 +25,8 @@ from jaxencoder.pretrained.named_checkpoints import NAMED_CHECKPOINTS  # init_fr
 from jaxencoder.model.restore_targets import encoder_params, restore_encoder, stored_config
 from jaxencoder.model.stack_layout import loop_to_scan, scan_to_loop
 from jaxencoder.tokenizer import default_tokenizer_path, run_tokenizer
-from jaxencoder.train.config import finalize
-from jaxencoder.train.datasets import vocab_from_tokenizer
+from jaxencoder.train.config import finalize, resolve_length
+from jaxencoder.train.datasets import train_examples, vocab_from_tokenizer
 
 log = logging.getLogger("jaxencoder")
 
@@ -34,14 +34,27 @@ PRETRAINED = "pretrained"  # data_dir/pretrained/<name>: HF checkpoints converte
 CONVERTED_FROM = "converted_from.json"  # in each: the source dir and its files' sha256
 
 
-def finalized(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def finalized(config: ml_collections.ConfigDict, workdir=None) -> ml_collections.ConfigDict:
   """A finalized copy of `config` with init_from's architecture adopted, or from scratch
-  the tokenizer's vocabulary size (datasets.vocab_from_tokenizer): what a run trains
-  (train_and_evaluate, evaluate_run, jaxencoder-compile)."""
+  the tokenizer's vocabulary size (datasets.vocab_from_tokenizer), and num_train_epochs
+  resolved into steps (with the train examples `workdir`'s run recorded, if it has any):
+  what a run trains (train_and_evaluate, evaluate_run, jaxencoder-compile)."""
   config = ml_collections.ConfigDict(config.to_dict())
   adopt(config)
   vocab_from_tokenizer(config)
+  resolve_length(config, lambda: train_examples(config), _recorded(workdir))
   return finalize(config)
+
+
+def _recorded(workdir) -> dict | None:
+  """The config saved with `workdir`'s newest step (None: no run there, or unreadable:
+  the restore names a damaged step)."""
+  if workdir is None or RunDir(workdir).latest_step() is None:
+    return None
+  try:
+    return RunDir(workdir).read_config()
+  except Exception:  # orbax / tensorstore raise many types for damaged files
+    return None
 
 
 def adopt(config: ml_collections.ConfigDict) -> list[str]:

@@ -23,6 +23,7 @@ from jaxencoder.model import lora
 from jaxencoder.data import kinds, packing
 from jaxencoder.model.encoder import ENCODER
 from jaxencoder.train import distributed, provenance
+from jaxencoder.train.early_stopping import Patience, replayed
 from jaxencoder.train.compilation_cache import use_compilation_cache
 from jaxencoder.train import sharding as sharding_lib
 from jaxencoder.train import steps
@@ -66,6 +67,7 @@ class Run:
   writer: MetricWriter
   state: steps.TrainState = None
   train_iter: Any = None
+  patience: Patience = None  # evals without a better best_metric (early stopping)
   timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds, for the log
 
 
@@ -218,7 +220,7 @@ def load_encoder(state: steps.TrainState, init_from: str, shardings,
     encoder = restore_base(source, abstract)
   except ValueError as e:
     raise ValueError(f"init_from={init_from}: {e}") from None
-  log.info("loaded encoder params from %s (step %d)", source.path, source.latest_step())
+  log.info("loaded encoder params from %s (step %d)", source.path, source.default_step())
   params = {**state.params, ENCODER: lora.join(encoder, adapters)}
   if task is not None and source.read_config().get("task") == task:
     params.update(_same_task_heads(source, state.params, shardings.params))
@@ -286,7 +288,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   One trainer per workdir: another one holding it raises run_lock.RunDirLockedError.
   """
   started = time.perf_counter()
-  config = finalized(config)
+  config = finalized(config, workdir)
   sharding_lib.use_cpu_devices(config.cpu_devices)
   check_batches(config, jax.device_count())  # before the lock writes anything
   use_compilation_cache(config.compilation_cache_dir)
@@ -297,6 +299,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     run.timings["setup_s"] = time.perf_counter() - started
     try:
       metrics = _train(run, signals)
+      if config.load_best_at_end:
+        metrics = load_best(run)
+      elif jax.process_index() == 0:
+        run.run_dir.record_best(None)  # readers take the latest step
       if run.pipelines.make_test is not None:
         metrics = {**metrics, **test_best(run)}
     finally:
@@ -314,18 +320,48 @@ def test_best(run: Run) -> dict[str, float]:
   """`data.test_split`'s metrics (keys `test_*`) of the checkpoint kept as best on the eval
   split (`best_metric`; the newest without one): the split that picks the checkpoint is not
   the one reported."""
-  run.checkpointer.wait()
-  step = run.checkpointer.best_step() or run.checkpointer.latest_step()
-  if step != int(run.state.step):  # the final state gives the shapes and shardings
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            run.state)
-    run.state = run.checkpointer.restore(step, abstract_state=abstract, with_data=False)[0]
+  step = _restore_best(run)
   metrics = evaluate(run, steps.jit_eval_step(run.task, run.shardings, run.mesh),
                      make_batches=run.pipelines.make_test)
   run.writer.write(step, "test", metrics)
   log.info("test split %r with step %d (best eval %s): %s", run.config.data.test_split, step,
            run.config.best_metric, _fmt(metrics))
   return {f"test_{k}": v for k, v in metrics.items()}
+
+
+def _best_step(run: Run) -> int:
+  """The step best on best_metric: the first eval to reach the best value (as early
+  stopping counts) while it is saved, else the checkpointer's (retention keeps the
+  latest of equal values), else the newest."""
+  run.checkpointer.wait()
+  first = run.patience.best_step if run.patience is not None else None
+  if first is not None and first in run.checkpointer.all_steps():
+    return first
+  return run.checkpointer.best_step() or run.checkpointer.latest_step()
+
+
+def _restore_best(run: Run) -> int:
+  """Restores into run.state the checkpoint best on best_metric (the newest without one);
+  its step."""
+  step = _best_step(run)
+  if step != int(run.state.step):  # the final state gives the shapes and shardings
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            run.state)
+    run.state = run.checkpointer.restore(step, abstract_state=abstract, with_data=False)[0]
+  return step
+
+
+def load_best(run: Run) -> dict[str, float]:
+  """load_best_at_end: the eval metrics of the checkpoint best on best_metric, evaluated
+  again; recorded in best.json, so predict, convert and export take that step too."""
+  step = _restore_best(run)
+  metrics = evaluate(run, steps.jit_eval_step(run.task, run.shardings, run.mesh))
+  name = run.config.best_metric
+  log.info("load_best_at_end: step %d, best on eval %s (%.4g), for the final eval, test, "
+           "predict and convert", step, name, metrics[name])
+  if jax.process_index() == 0:
+    run.run_dir.record_best(step, f"eval_{name}", float(metrics[name]))
+  return metrics
 
 
 def evaluate_run(config: ml_collections.ConfigDict | None, workdir) -> dict[str, float]:
@@ -335,7 +371,7 @@ def evaluate_run(config: ml_collections.ConfigDict | None, workdir) -> dict[str,
   if config is None:
     config = ml_collections.ConfigDict(source.read_config())
     config.init_from = ""  # the run's own checkpoint holds the weights
-  config = finalized(config)
+  config = finalized(config, workdir)
   sharding_lib.use_cpu_devices(config.cpu_devices)
   check_batches(config, jax.device_count(), train=False)
   use_compilation_cache(config.compilation_cache_dir)
@@ -396,6 +432,7 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
                            grads)
   eval_step = steps.jit_eval_step(run.task, run.shardings, run.mesh)
   start = int(run.state.step)
+  run.patience = _patience(run, start)
   startup = _log_startup(run, stepper, resumed=start > 0)
   # Counts finished steps; none on a rerun of a finished run (its final eval follows).
   bar = progress.bar(config.num_train_steps, "train", unit="step", initial=start,
@@ -426,7 +463,11 @@ def _steps(run: Run, signals: StopSignals, stepper, eval_step, startup, bar,
   `bar` counts finished steps only: a step whose results were waited for."""
   config, start = run.config, int(run.state.step)
   eval_metrics: dict[str, float] = {}
-  window, tick, sums = [], time.perf_counter(), None
+  window, tick, sums, done = [], time.perf_counter(), None, start
+  patience = run.patience or Patience("loss", "min")  # None: never stops
+  if patience.exhausted:  # stopped early before this resume
+    log.info("stopped early at step %d: %s", start, patience.reason())
+    return eval_metrics
   for step in range(start, config.num_train_steps):
     if jax.process_count() == 1:
       run.checkpointer.check()  # a save that failed for lack of space stops the run now
@@ -460,6 +501,9 @@ def _steps(run: Run, signals: StopSignals, stepper, eval_step, startup, bar,
       else:
         run.writer.write(done, "eval", eval_metrics)
         log.info("step %d eval %s", done, _fmt(eval_metrics))
+        patience.update(done, eval_metrics)
+        at_end = at_end or patience.exhausted  # early stopping: this step is the last
+        save_now = save_now or at_end
     if save_now:
       save(run, eval_metrics if eval_now and not stop else None, force=at_end or stop)
     if stop or signals.requested():
@@ -467,9 +511,24 @@ def _steps(run: Run, signals: StopSignals, stepper, eval_step, startup, bar,
         run.state = stepper.state
         save(run, None, force=True)
       raise _stop(run, signals)
+    if at_end and done < config.num_train_steps:
+      log.info("early stopping at step %d of %d: %s", done, config.num_train_steps,
+               patience.reason())
+      break
   jax.block_until_ready(sums)
-  _count_finished(bar, config.num_train_steps)
+  _count_finished(bar, done)
   return eval_metrics
+
+
+def _patience(run: Run, start: int) -> Patience:
+  """The early-stopping count at step `start`, replayed from the run's eval rows
+  (process 0 reads them; every process takes its count)."""
+  metric = run.config.best_metric
+  patience = Patience(metric, run.task.metric_mode(metric), run.config.early_stopping_patience)
+  if jax.process_index() == 0:
+    replayed(run.run_dir.read_metrics(), patience, start)
+  shared = distributed.gather_json(dataclasses.asdict(patience))[0]
+  return Patience(**shared)
 
 
 def _evaluate_durably(run: Run, eval_step, signals: StopSignals) -> dict[str, float] | None:

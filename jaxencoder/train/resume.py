@@ -21,7 +21,8 @@ log = logging.getLogger("jaxencoder")
 # makes the saved state meaningless or unloadable, and is an error unless
 # `allow_config_change` is set.
 RESUMABLE_CHANGES = (
-    "num_train_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
+    "num_train_steps", "num_train_epochs", "train_examples", "early_stopping_patience",
+    "load_best_at_end", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
     "keep_every_steps",
     "best_metric", "eval_batch_size", "progress_bar", "mesh_shape", "cpu_devices",
     "logical_axis_rules",
