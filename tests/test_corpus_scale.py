@@ -333,6 +333,19 @@ def test_holdout_views_pick_the_records_of_the_old_index_arrays():
         assert view.__getitems__(list(range(len(view)))[::-1]) == [source[i] for i in want[::-1]]
 
 
+def test_a_holdout_seed_holds_out_another_fold_and_the_two_views_still_partition():
+  from jaxencoder.data.splits import Holdout
+  for n in range(1, 30):
+    source, idx = list(range(n)), np.arange(n)
+    for every in range(2, 6):
+      for seed in range(0, 2 * every):
+        kept, held = (Holdout(source, every, held_out, seed=seed) for held_out in (False, True))
+        want_held = idx[idx % every == seed % every]
+        np.testing.assert_array_equal(held.records(np.arange(len(held))), want_held)
+        np.testing.assert_array_equal(kept.records(np.arange(len(kept))),
+                                      idx[idx % every != seed % every])
+
+
 @pytest.mark.parametrize("held_out", [False, True])
 def test_stored_ids_of_a_holdout_view_are_its_records_ids(sharded, held_out):
   from jaxencoder.data.splits import Holdout

@@ -50,21 +50,24 @@ class Subset:
 
 
 class Holdout(Subset):
-  """Every `every`-th example of a source (`held_out`), or all the others; by arithmetic,
-  so a view of a corpus of any size holds no index array."""
+  """Every `every`-th example of a source from `seed % every` on (`held_out`), or all the
+  others: one of `every` folds, chosen by the seed. By arithmetic, so a view of a corpus of
+  any size holds no index array."""
 
-  def __init__(self, source, every: int, held_out: bool):
+  def __init__(self, source, every: int, held_out: bool, seed: int = 0):
     self.source, self.every, self.held_out = source, every, held_out
+    self.offset = seed % every
 
   def __len__(self) -> int:
-    held = -(-len(self.source) // self.every)
+    held = max(0, -(-(len(self.source) - self.offset) // self.every))
     return held if self.held_out else len(self.source) - held
 
   def records(self, i_N):
     i_N = np.asarray(i_N, np.int64)
     if self.held_out:
-      return i_N * self.every
-    return i_N + i_N // (self.every - 1) + 1  # skips 0, every, 2 * every, ...
+      return i_N * self.every + self.offset
+    block, within = np.divmod(i_N, self.every - 1)  # each block of `every` keeps every - 1
+    return block * self.every + within + (within >= self.offset)
 
 
 def tokenizer_path(data_cfg) -> str:
@@ -114,7 +117,9 @@ def open_splits(data_cfg, name: str) -> tuple[Any, Any]:
     log.warning("%s: no split %r, only train: holding out 1 in %d train examples for eval "
                 "(data.holdout_every; data.eval_split='' says so)", name,
                 data_cfg.eval_split, every)
-  return Holdout(train, every, held_out=False), Holdout(train, every, held_out=True)
+  seed = data_cfg.holdout_seed
+  return (Holdout(train, every, held_out=False, seed=seed),
+          Holdout(train, every, held_out=True, seed=seed))
 
 
 def open_mixture(data_cfg, tokenizer: str | None, rows: int) -> tuple[Mixture, Mixture, str]:

@@ -73,6 +73,8 @@ def base_config() -> ml_collections.ConfigDict:
       views="dropout",
       eval_split="",  # "" = hold out every `holdout_every`-th train example
       holdout_every=20,
+      # which of the holdout_every folds is held out: positions = holdout_seed mod every
+      holdout_seed=0,
       # a split evaluated once after training, with the checkpoint kept as best on the eval
       # split (best_metric), reported as test_* metrics; "" = none
       test_split="",
