@@ -117,7 +117,7 @@ def open_splits(data_cfg, name: str) -> tuple[Any, Any]:
     log.warning("%s: no split %r, only train: holding out 1 in %d train examples for eval "
                 "(data.holdout_every; data.eval_split='' says so)", name,
                 data_cfg.eval_split, every)
-  seed = data_cfg.holdout_seed
+  seed = data_cfg.get("holdout_seed", 0)  # a config made before the key: the first fold
   return (Holdout(train, every, held_out=False, seed=seed),
           Holdout(train, every, held_out=True, seed=seed))
 
