@@ -17,6 +17,7 @@ _EXPORTS = {
               "cosine_similarity", "info_nce_loss"),
     "model.electra": ("Electra",),
     "model.stack_layout": ("loop_to_scan", "scan_to_loop"),
+    "loading": ("load", "LoadedModel"),  # any checkpoint by name or path
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = list(_MODULE_OF)

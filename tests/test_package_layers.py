@@ -31,7 +31,12 @@ FORBIDDEN = {
     "pretrained": {"train", "probing", "aot", "tasks"},
     "probing": {"train", "aot"},
     "aot": {"probing", "pretrained"},  # compiles train's steps; nothing is read
+    # jaxencoder.load: reads through pretrained's resolver, predicts through train; the
+    # library below never imports it
+    "loading": {"probing", "aot", "export", "cli"},
 }
+for _below in (EVERY_FOLDER | set(FORBIDDEN)) - {"loading"}:
+  FORBIDDEN[_below] = FORBIDDEN.get(_below, set()) | {"loading"}
 HEAVY = ("tokenizers", "safetensors", "orbax", "grain", "tensorflow_datasets", "tensorboardX")
 
 

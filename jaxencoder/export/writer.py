@@ -19,6 +19,7 @@ from jaxencoder.model.heads import EncoderClassifier
 from jaxencoder.io import outputs
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained.hf_checkpoint import encoder_params
+from jaxencoder.pretrained.resolver import hf_dir, resolve
 from jaxencoder.model.restore_targets import stored_config, stored_encoder
 from jaxencoder.tasks import registry
 from jaxencoder.tokenizer import resolve_file, run_tokenizer
@@ -72,24 +73,28 @@ def _inputs(run: str | None, pretrained: str | None) -> list[outputs.Labelled]:
   """What the export reads: the --pretrained directory, or the --run and its tokenizer."""
   if pretrained:
     return [("--pretrained", pretrained)]
-  return outputs.run_inputs("--run", RunDir.open(run))
+  return outputs.run_inputs("--run", RunDir.open(resolve(run).path))
 
 
 def read_model(run: str | None, pretrained: str | None) -> tuple[Servable, str | None]:
-  """(Servable, tokenizer file or None) of a run directory or a Hugging Face directory."""
+  """(Servable, tokenizer file or None) of a run directory (or RUN@STEP) or a Hugging Face
+  directory (or a registered name), as resolver.resolve reads them."""
   if pretrained:
+    pretrained = hf_dir(pretrained, "--pretrained", "--run reads runs")
     if not pathlib.Path(pretrained, "config.json").exists():
       raise FileNotFoundError(f"--pretrained {pretrained}: no config.json there (a Hugging "
                               "Face encoder directory)")
     cfg, params, _ = hf.load(pretrained)
     return (formats.servable(cfg, encoder_params(params), source={"pretrained": pretrained}),
             tokenizer_file(pretrained))
-  run_dir = RunDir.open(run)  # the newest step that restores (a damaged one: a warning)
-  step, encoder = run_dir.newest_restorable(lambda s: stored_encoder(run_dir, step=s))
+  where = resolve(run)
+  run_dir = RunDir.open(where.path)  # the newest step that restores (a damaged one: a warning)
+  step, encoder = run_dir.newest_restorable(lambda s: stored_encoder(run_dir, step=s),
+                                            where.step)
   config, cfg = run_dir.read_config(step), stored_config(run_dir, step)
   source = {"run": run, "step": step, "task": config.get("task")}
   if classifier_task(config, cfg):
-    p = predict.load(run, step)  # with its head (the encoder is read again)
+    p = predict.load(where.path, step)  # with its head (the encoder is read again)
     return (formats.servable(p.cfg, p.params, head=p.model, source=source, labels=p.label_names),
             tokenizer_file(run_tokenizer(run_dir)))
   # As jaxencoder-convert: a converted directory without tokenizer files gets none.

@@ -1,7 +1,8 @@
 """Checkpoints converted both ways (`jaxencoder-convert`): a Hugging Face directory into a
 jaxencoder run directory, a run into a Hugging Face directory of its family (LoRA adapters
 merged), a merged run, or the adapters alone; and a run's params as an export reads them
-(`restore_for_export`).
+(`restore_for_export`), or its encoder and tokenizer as the probe and jaxencoder.load read
+them (`read_run`).
 """
 
 from __future__ import annotations
@@ -19,18 +20,15 @@ from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import hf_checkpoint
 from jaxencoder.pretrained.adapters_file import ADAPTERS_FILE, write_adapters
 from jaxencoder.pretrained.electra_names import DISCRIMINATOR_HEAD
+from jaxencoder.pretrained.resolver import is_hf_dir, resolve
 from jaxencoder.model.restore_targets import (abstract_params, encoder_params, restore_encoder,
-                                        stored_config, write_encoder)
+                                        stored_config, stored_encoder, write_encoder)
 from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
 
 TOOL = "jaxencoder-convert"  # named in the marker of what it writes (io.outputs)
 
 FAMILY_NAMES = {"bert": "BERT", "roberta": "RoBERTa", "distilbert": "DistilBERT",
                 "electra": "ELECTRA", "modernbert": "ModernBERT", "vit": "ViT"}
-
-
-def is_hf_dir(path) -> bool:
-  return (paths.as_path(path) / "config.json").exists()  # hf_checkpoint.CONFIG
 
 
 def _inputs(source) -> list[outputs.Labelled]:
@@ -42,7 +40,8 @@ def _inputs(source) -> list[outputs.Labelled]:
 def convert(source, target, *, scan_layers: bool = False, overwrite: bool = False,
             max_len: int | None = None, image_size: tuple[int, int] | None = None,
             merge_lora: bool = False, adapters_only: bool = False) -> str:
-  """Converts in the direction SRC's contents imply; returns a one-line summary.
+  """Converts in the direction SRC's contents imply; returns a one-line summary. SRC may
+  be a registered name ("minilm") or RUN@STEP (resolver.resolve).
 
   TARGET must lie apart from SOURCE (and its tokenizer); a non-empty TARGET is replaced
   only with `overwrite` and only if this command wrote it (io.outputs). The result is
@@ -50,7 +49,10 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   never mixes old and new files (e.g. a stale 1_Pooling/) and a failed conversion leaves
   it untouched.
   """
-  target = paths.as_path(target)
+  target, where = paths.as_path(target), resolve(source)
+  source = where.path
+  if where.step is not None and adapters_only:
+    raise ValueError("--adapters_only writes the run's newest adapters; drop @STEP")
   resize = {"max_len": max_len, "image_size": image_size}
   if any(v is not None for v in resize.values()) and not is_hf_dir(source):
     raise ValueError("--max_len / --image_size resize on the way in: SRC must be a Hugging "
@@ -69,7 +71,7 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=local_parent))
   try:
     with paths.local_copy(source) if is_hf_dir(source) else contextlib.nullcontext(source) as src:
-      summary = _convert_into(src, staging, scan_layers, resize, lora_out)
+      summary = _convert_into(src, staging, scan_layers, resize, lora_out, where.step)
     outputs.mark(staging, TOOL)
     if target.exists():
       target.rmtree()
@@ -83,7 +85,7 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
 
 
 def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict,
-                  lora_out: str | None = None) -> str:
+                  lora_out: str | None = None, step: int | None = None) -> str:
   if is_hf_dir(source):
     cfg, params, tokenizer = hf_checkpoint.load(source, scan_layers=scan_layers, **resize)
     if tokenizer is not None:
@@ -96,7 +98,7 @@ def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict,
     raise ValueError(f"--{lora_out}: {source} was not trained with LoRA (model.lora_rank 0)")
   if lora_out == "adapters_only":
     return write_adapters(run, target / ADAPTERS_FILE)
-  cfg, params = restore_for_export(run)
+  cfg, params = restore_for_export(run, step)
   tokenizer, note = None, ""
   # A train.py run with data.tokenizer "" used MiniLM's vocab; a directory converted
   # without tokenizer files has none, and gets none (never a guessed default).
@@ -146,3 +148,19 @@ def _restore_step_for_export(run, step: int):
   model = Electra(cfg) if head_key == DISCRIMINATOR_HEAD else None
   head = run.restore_subtree(abstract_params(cfg, model)[head_key], head_key, step=step)
   return cfg, {ENCODER: encoder, head_key: head}
+
+
+def read_run(workdir, tokenizer_path: str | None = None, *, step: int | None = None,
+             **resize):
+  """(cfg, params, tokenizer) of a run directory's `step`, by default its newest checkpoint
+  that restores (a train.py workdir or a converted checkpoint; local or gs://); tokenizer
+  None for image encoders. `resize`: max_len / image_size, as `pretrained.load`."""
+  run = RunDir.open(workdir)
+  step, stored_params = run.newest_restorable(lambda s: stored_encoder(run, step=s), step)
+  cfg, params = hf_checkpoint.resize_on_load(stored_config(run, step), stored_params, **resize)
+  if cfg.input_kind == "image":
+    return cfg, params, None
+  vocab = run_tokenizer(run, tokenizer_path, fix="pass --tokenizer")
+  tokenizer = Tokenizer.from_file(vocab)
+  check_fits(tokenizer, cfg, f"tokenizer {vocab}")
+  return cfg, params, tokenizer

@@ -30,10 +30,11 @@ from jaxencoder.model.encoder import ENCODER
 from jaxencoder.model.stack_layout import loop_to_scan, scan_to_loop
 from jaxencoder.pretrained import bert_names as names
 from jaxencoder.pretrained.resize import resize_positions
+from jaxencoder.pretrained.resolver import HF_CONFIG, hf_dir
 from jaxencoder.tokenizer import HF_SPECIAL_IDS, Tokenizer, check_fits
 
 log = logging.getLogger(__name__)
-CONFIG = "config.json"
+CONFIG = HF_CONFIG
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 TORCH_WEIGHTS = "pytorch_model.bin"
@@ -66,7 +67,8 @@ def load(path, *, scan_layers: bool = False, dtype: str = "float32",
          pooling: str | None = None, max_len: int | None = None,
          image_size: tuple[int, int] | None = None
          ) -> tuple[EncoderConfig, Params, Tokenizer | None]:
-  """(EncoderConfig, params, tokenizer) of a Hugging Face encoder directory.
+  """(EncoderConfig, params, tokenizer) of a Hugging Face encoder directory (or a registered
+  name: "minilm"; a run directory is one line naming jaxencoder.load, which reads both).
 
   params are `Encoder` params, or `{"encoder", head}` when the file holds a head
   (BertForMaskedLM & co: "mlm_head"; ElectraForPreTraining: "discriminator_head");
@@ -76,7 +78,7 @@ def load(path, *, scan_layers: bool = False, dtype: str = "float32",
   tokenizer files. Opt-in, with a warning (see `resize_on_load`): `max_len` (text) extends
   the position table to that many rows, `image_size` (ViT) resamples the position grid.
   """
-  path = pathlib.Path(path)
+  path = pathlib.Path(hf_dir(path, "pretrained.load"))
   hf = read_json(path / CONFIG)
   module = family_module(hf.get("model_type", "bert"), str(path / CONFIG))
   if hasattr(module, "LAYOUT"):

@@ -17,6 +17,7 @@ from jaxencoder.model.config import EncoderConfig
 from jaxencoder.model.encoder import Encoder
 from jaxencoder.model.heads import l2_normalize
 from jaxencoder.pretrained import hf_checkpoint
+from jaxencoder.pretrained.resolver import hf_dir
 from jaxencoder.tokenizer import Tokenizer
 
 SMALLEST_BUCKET = 16
@@ -79,7 +80,8 @@ def embed(texts: Sequence[str], model_dir, *, batch_size: int = 32,
           progress: bool = True) -> np.ndarray:
   """Sentence embeddings [N, D] of `texts`, as sentence-transformers' `encode` gives them.
 
-  Follows `sentence_transformers_config(model_dir)`: pooling (never BERT's dense
+  `model_dir`: a sentence-transformers or Hugging Face directory, or a registered name
+  ("minilm"). Follows `sentence_transformers_config(model_dir)`: pooling (never BERT's dense
   pooler), lower-casing, and by default its max_seq_length (capped at the model's
   positions; an explicit `max_length` past them is a ValueError) and whether a Normalize
   module L2-normalises. Texts are sorted by length and run in fixed [batch_size, L]
@@ -87,7 +89,21 @@ def embed(texts: Sequence[str], model_dir, *, batch_size: int = 32,
   compiles at most once per bucket. `progress`: a bar (or plain lines) over the batches,
   on stderr.
   """
-  cfg, params, tokenizer, sentence = _load_for_embedding(str(pathlib.Path(model_dir).resolve()))
+  model_dir = pathlib.Path(hf_dir(model_dir, "pretrained.embed")).resolve()
+  cfg, params, tokenizer, sentence = _load_for_embedding(str(model_dir))
+  if tokenizer is None:
+    raise ValueError(f"{model_dir}: an {cfg.input_kind} encoder; embed reads text")
+  return embed_with(texts, (cfg, params, tokenizer), sentence, batch_size=batch_size,
+                    max_length=max_length, normalize=normalize, progress=progress)
+
+
+def embed_with(texts: Sequence[str], model: tuple[EncoderConfig, dict, Tokenizer],
+               sentence: SentenceConfig, *, batch_size: int = 32,
+               max_length: int | None = None, normalize: bool | None = None,
+               progress: bool = True) -> np.ndarray:
+  """`embed` of a model already read: (cfg, Encoder params, tokenizer) and what
+  sentence-transformers does with it (`sentence`)."""
+  cfg, params, tokenizer = model
   if max_length is None:
     max_length = min(sentence.max_seq_length or cfg.max_positions, cfg.max_positions)
   elif max_length > cfg.max_positions:
@@ -106,19 +122,25 @@ def embed(texts: Sequence[str], model_dir, *, batch_size: int = 32,
   return embeddings_NxD
 
 
-@functools.lru_cache(maxsize=4)
-def _load_for_embedding(model_dir: str):
-  """(cfg, params, tokenizer, SentenceConfig) with sentence pooling, no dense pooler;
-  cached per directory."""
+def sentence_model(model_dir):
+  """(cfg, Encoder params, tokenizer, SentenceConfig) of a local directory, as
+  sentence-transformers reads it: its pooling, no dense pooler, lower-casing when it says
+  so; tokenizer None for an image encoder."""
   sentence = sentence_transformers_config(model_dir)
   root = pathlib.Path(model_dir) / sentence.transformer_path
   cfg, params, tokenizer = hf_checkpoint.load(root, pooling=sentence.pooling)
+  if cfg.input_kind != "text":
+    return cfg, hf_checkpoint.encoder_params(params), None, sentence
   if tokenizer is None:
     raise FileNotFoundError(f"{root}: needs tokenizer.json or vocab.txt to embed text")
   hf_checkpoint.check_tokenizer(root, cfg, tokenizer, f"{root}'s tokenizer")
   if sentence.do_lower_case:
     lowercase_first(tokenizer)
   return cfg, hf_checkpoint.encoder_params(params), tokenizer, sentence
+
+
+# embed's: cached per directory
+_load_for_embedding = functools.lru_cache(maxsize=4)(sentence_model)
 
 
 def lowercase_first(tokenizer: Tokenizer) -> None:

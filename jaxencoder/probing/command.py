@@ -14,6 +14,7 @@ from jaxencoder import progress
 from jaxencoder.data import readers
 from jaxencoder.io import outputs, paths
 from jaxencoder.io.run_dir import RunDir
+from jaxencoder.pretrained import resolver
 from jaxencoder.probing import compare, dynamics, images, probes, representation, study
 from jaxencoder.probing.health import HealthThresholds
 from jaxencoder.probing.load import load_checkpoint, load_pretrained, read_data
@@ -51,7 +52,7 @@ def probe(args: argparse.Namespace) -> dict:
         cfg, params, tokenizer = load_checkpoint(args.checkpoint, local(args.tokenizer),
                                                  **resize)
       else:
-        hf_dir = local(args.pretrained)
+        hf_dir = local(_pretrained_dir(args.pretrained))
         cfg, params, tokenizer = load_pretrained(hf_dir, local(args.tokenizer), **resize)
     dataset = _read_data(args, local(args.data), cfg)
     out = paths.as_path(args.out)
@@ -95,10 +96,17 @@ def _similarity(args, local, resize, cfg, params, tokenizer, dataset, out_dir, o
       if args.against_checkpoint:
         other = load_checkpoint(args.against_checkpoint, local(args.tokenizer), **resize)
       else:
-        other = load_pretrained(local(args.against), local(args.tokenizer), **resize)
+        other = load_pretrained(local(_pretrained_dir(args.against)), local(args.tokenizer),
+                                **resize)
   return compare.run((cfg, params, tokenizer), other, dataset, out_dir, options,
                      unbiased=args.unbiased,
                      sources=(source, args.against or args.against_checkpoint))
+
+
+def _pretrained_dir(path: str) -> str:
+  """--pretrained / --against: a registered name's directory ("minilm"), else `path` (a
+  gs:// one is copied after)."""
+  return resolver.hf_dir(path, "--pretrained", "--checkpoint reads runs")
 
 
 def _read_data(args: argparse.Namespace, data, cfg):

@@ -7,31 +7,28 @@ import pathlib
 
 from jaxencoder import pretrained
 from jaxencoder.data import readers
-from jaxencoder.io.run_dir import RunDir
-from jaxencoder.pretrained.hf_checkpoint import check_tokenizer, resize_on_load
+from jaxencoder.pretrained.convert import read_run
+from jaxencoder.pretrained.hf_checkpoint import check_tokenizer
+from jaxencoder.pretrained import resolver
 from jaxencoder.probing import features, images
-from jaxencoder.model.restore_targets import stored_config, stored_encoder
-from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
+from jaxencoder.tokenizer import Tokenizer
 
 
 def load_checkpoint(workdir, tokenizer_path: str | None = None, **resize):
-  """(cfg, params, tokenizer) of a run directory's newest checkpoint that restores (a
-  train.py workdir or a converted checkpoint; local or gs://); tokenizer None for image
-  encoders. `resize`: max_len / image_size, as `pretrained.load`."""
-  run = RunDir.open(workdir)
-  step, stored_params = run.newest_restorable(lambda s: stored_encoder(run, step=s))
-  cfg, params = resize_on_load(stored_config(run, step), stored_params, **resize)
-  if cfg.input_kind == "image":
-    return cfg, params, None
-  vocab = run_tokenizer(run, tokenizer_path, fix="pass --tokenizer")
-  tokenizer = Tokenizer.from_file(vocab)
-  check_fits(tokenizer, cfg, f"tokenizer {vocab}")
-  return cfg, params, tokenizer
+  """(cfg, params, tokenizer) of a run directory's newest checkpoint that restores, or of
+  RUN@STEP (resolver.resolve; a Hugging Face directory or name: `load_pretrained`);
+  tokenizer None for image encoders. `resize`: max_len / image_size, as `pretrained.load`."""
+  where = resolver.resolve(workdir)
+  if where.kind == "hf":
+    return load_pretrained(where.path, tokenizer_path, **resize)
+  return read_run(where.path, tokenizer_path, step=where.step, **resize)
 
 
 def load_pretrained(hf_dir, tokenizer_path: str | None = None, **resize):
-  """(cfg, params, tokenizer) of a Hugging Face encoder dir (via jaxencoder.pretrained);
-  tokenizer None for image encoders. `resize`: max_len / image_size, as `pretrained.load`."""
+  """(cfg, params, tokenizer) of a Hugging Face encoder dir or a registered name ("minilm",
+  via jaxencoder.pretrained); tokenizer None for image encoders. `resize`: max_len /
+  image_size, as `pretrained.load`."""
+  hf_dir = resolver.hf_dir(hf_dir, "--pretrained", "--checkpoint reads runs")
   cfg, params, tokenizer = pretrained.load(hf_dir, **resize)
   params = params["encoder"] if "encoder" in params else params
   if cfg.input_kind == "image":

