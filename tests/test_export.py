@@ -98,7 +98,8 @@ def test_cli_exports_a_run_and_a_pretrained_directory(tiny, tmp_path, capsys):
   for flag, source in (("--run", run), ("--pretrained", tmp_path / "hf")):
     out = tmp_path / f"out{flag}"
     export_cli.main([flag, str(source), "--format", "stablehlo", "--out", str(out)])
-    assert "wrote" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "wrote" in said.out and "running on cpu: 8 devices\n" in said.err
     spec = json.loads((out / export.SPEC).read_text())
     assert [i["name"] for i in spec["inputs"]] == ["input_ids", "attention_mask",
                                                     "token_type_ids"]

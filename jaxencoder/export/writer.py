@@ -40,6 +40,7 @@ def write(out, fmt: str = "stablehlo", *, run: str | None = None,
   outputs.check_apart(("--out", out), _inputs(run, pretrained))
   outputs.check_replaceable("--out", out, TOOL, overwrite)
   s, tokenizer = read_model(run, pretrained)
+  cli.log_backend()  # after the model's own errors (one line each), before its export
   out.mkdir(parents=True, exist_ok=True)
   for stale in out.glob("model.*"):  # --overwrite: no weights of another export stay
     stale.unlink()
