@@ -221,10 +221,7 @@ def backend_failure(e: BaseException) -> str | None:
   requested = os.environ.get("JAX_PLATFORMS", "")
   where = f"JAX_PLATFORMS={requested}: " if requested else ""
   if isinstance(e, AssertionError):  # jax skips cuda without a visible GPU, then asserts
-    frames = traceback.extract_tb(e.__traceback__)
-    if not frames or not frames[-1].filename.endswith("xla_bridge.py"):
-      return None
-    return f"{where}no CUDA backend ({_cuda_cause()}): {_cuda_fix()}"
+    return f"{where}no CUDA backend ({_cuda_cause()}): {_cuda_fix()}" if _no_backend() else None
   found = re.match(r"Unable to initialize backend '(\w+)': (.*?)(?: \((?:set JAX_PLATFORMS|"
                    r"you may need).*)?$", str(e), flags=re.DOTALL)
   if not found:
@@ -240,6 +237,19 @@ def backend_failure(e: BaseException) -> str | None:
             f"wait, then rerun; {ON_CPU}")
   fix = INSTALL.get(platform, f"install JAX's plugin for {platform!r}")
   return f"{where}backend {platform!r} cannot start ({_short(detail)}): {fix}; {ON_CPU}"
+
+
+def _no_backend() -> bool:
+  """Whether JAX's backend start-up fails with its bare AssertionError (no platform of
+  JAX_PLATFORMS started), asked again: the error that reached run_main may have come
+  through a jitted call, whose traceback JAX filters."""
+  import jax  # lazy: --help stays fast (cli.py loads no JAX)
+  try:
+    jax.devices()
+  except AssertionError as e:
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and frames[-1].filename.endswith("xla_bridge.py")
+  return False
 
 
 def _short(text: str, limit: int = 160) -> str:
