@@ -1,5 +1,7 @@
 """What the command-line tools share: a user error is one line on stderr and exit code 2
-(naming the closest valid names when a name was wrong); the libraries' chatter is hidden.
+(naming the closest valid names when a name was wrong); so is a JAX backend that cannot
+start (its cause and the install command); the libraries' chatter is hidden; the tools
+that run JAX say first which backend and devices they run on (log_backend).
 
 Set JAXENCODER_TRACEBACK=1 to get the traceback instead (for bug reports), and
 JAXENCODER_VERBOSE=1 (or a tool's -v) to see every library's log lines. Light to import:
@@ -10,14 +12,19 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import glob
+import importlib.metadata
 import logging
 import os
+import re
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
 # UserError lives on the ground floor (errors.py); the tools raise it as cli.UserError.
 from jaxencoder.errors import UserError, is_out_of_space
+from jaxencoder.tpu_host import has_tpu_chips
 
 EXIT_USER_ERROR = 2  # a bad flag, file or value
 
@@ -36,6 +43,12 @@ def run_main(main: Callable[[], Any], extra_errors: tuple[type[Exception], ...] 
     if os.environ.get("JAXENCODER_TRACEBACK"):
       raise
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+  except (RuntimeError, AssertionError) as e:  # JAX's, when a backend cannot start
+    message = backend_failure(e)
+    if message is None or os.environ.get("JAXENCODER_TRACEBACK"):
+      raise
     print(f"error: {message}", file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)
 
@@ -166,3 +179,122 @@ def moved_names(module: str, new_homes: dict[str, str]) -> Callable[[str], Any]:
     raise AttributeError(f"module {module!r} has no attribute {name!r}")
   getattr_.new_homes = new_homes
   return getattr_
+
+
+# --- the JAX backend -------------------------------------------------------------------
+INSTALL = {"cuda": "pip install 'jaxencoder[cuda]'", "tpu": "pip install 'jaxencoder[tpu]'"}
+ON_CPU = "or unset JAX_PLATFORMS to run on the CPU"
+log = logging.getLogger("jaxencoder")
+
+
+def log_backend() -> str:
+  """Starts JAX's backend and says what the tool runs on (`running on cpu: 8 devices`,
+  `running on tpu: 8 devices (TPU v5 lite)`) in the jaxencoder log, or on stderr where
+  the tool logs nothing; returns that line. A host whose TPU or GPU JAX left unused (it
+  fell back to the CPU, saying so only in a hidden warning) is a UserError naming why."""
+  import jax  # lazy: --help stays fast (cli.py loads no JAX)
+  devices = jax.devices()
+  if devices[0].platform == "cpu" and not os.environ.get("JAX_PLATFORMS"):
+    unused = _unused_accelerator()
+    if unused:
+      raise UserError(f"{unused}; or JAX_PLATFORMS=cpu to run on the CPU")
+  line = devices_line(devices, jax.process_count())
+  if log.isEnabledFor(logging.INFO) and logging.getLogger().handlers:
+    log.info(line)
+  else:
+    print(line, file=sys.stderr)
+  return line
+
+
+def devices_line(devices, processes: int = 1) -> str:
+  """`running on PLATFORM: N devices (their kinds, but a CPU's)[, P processes]`."""
+  platform, count = devices[0].platform, len(devices)
+  kinds = sorted({d.device_kind for d in devices})
+  return (f"running on {platform}: {count} device{'s' * (count > 1)}"
+          + ("" if platform == "cpu" else f" ({', '.join(kinds)})")
+          + (f", {processes} processes" if processes > 1 else ""))
+
+
+def backend_failure(e: BaseException) -> str | None:
+  """One line for JAX's error when the backend JAX_PLATFORMS asks for cannot start (its
+  cause and the fix); None for any other error."""
+  requested = os.environ.get("JAX_PLATFORMS", "")
+  where = f"JAX_PLATFORMS={requested}: " if requested else ""
+  if isinstance(e, AssertionError):  # jax skips cuda without a visible GPU, then asserts
+    return f"{where}no CUDA backend ({_cuda_cause()}): {_cuda_fix()}" if _no_backend() else None
+  found = re.match(r"Unable to initialize backend '(\w+)': (.*?)(?: \((?:set JAX_PLATFORMS|"
+                   r"you may need).*)?$", str(e), flags=re.DOTALL)
+  if not found:
+    return None
+  platform, detail = found.group(1), " ".join(found.group(2).split())
+  if platform == "rocm" and "gpu" in requested.split(","):  # gpu: cuda (skipped), then rocm
+    return f"{where}no GPU backend (cuda: {_cuda_cause()}; rocm: not installed): {_cuda_fix()}"
+  if platform == "cuda":
+    return f"{where}the CUDA backend cannot start ({_short(detail)}): {_cuda_fix()}"
+  busy = re.search(r"already in use by process with pid (\d+)", detail)
+  if platform == "tpu" and busy:
+    return (f"{where}the TPU is held by another process (pid {busy.group(1)}): end it or "
+            f"wait, then rerun; {ON_CPU}")
+  fix = INSTALL.get(platform, f"install JAX's plugin for {platform!r}")
+  return f"{where}backend {platform!r} cannot start ({_short(detail)}): {fix}; {ON_CPU}"
+
+
+def _no_backend() -> bool:
+  """Whether JAX's backend start-up fails with its bare AssertionError (no platform of
+  JAX_PLATFORMS started), asked again: the error that reached run_main may have come
+  through a jitted call, whose traceback JAX filters."""
+  import jax  # lazy: --help stays fast (cli.py loads no JAX)
+  try:
+    jax.devices()
+  except AssertionError as e:
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and frames[-1].filename.endswith("xla_bridge.py")
+  return False
+
+
+def _short(text: str, limit: int = 160) -> str:
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _has_nvidia_gpu() -> bool:
+  return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def _has_cuda_plugin() -> bool:
+  try:
+    importlib.metadata.version("jax-cuda12-plugin")
+    return True
+  except importlib.metadata.PackageNotFoundError:
+    return False
+
+
+def _cuda_cause() -> str:
+  """Why JAX has no CUDA backend here: no GPU visible, no CUDA plugin, or both."""
+  causes = ([] if _has_nvidia_gpu() else ["no NVIDIA GPU is visible"]) + (
+      [] if _has_cuda_plugin() else ["this jaxlib has no CUDA plugin"])
+  return ", and ".join(causes) or "the CUDA plugin did not start"
+
+
+def _cuda_fix() -> str:
+  install = "" if _has_cuda_plugin() else f"on a GPU host {INSTALL['cuda']}; "
+  return install + ON_CPU
+
+
+def _unused_accelerator() -> str | None:
+  """Why JAX chose the CPU on a host with TPU chips or an NVIDIA GPU: its backend failed
+  (JAX says so only in a warning, hidden with the library logs), or there is no CUDA
+  plugin; None on a host without them."""
+  present = {"tpu": has_tpu_chips(), "cuda": _has_nvidia_gpu()}
+  if not any(present.values()):
+    return None
+  from jax._src import xla_bridge  # lazy: --help stays fast (JAX keeps the reasons here)
+  errors = getattr(xla_bridge, "_backend_errors", {})
+  for platform in (p for p in present if present[p] and errors.get(p)):
+    reason = " ".join(errors[platform].split())
+    busy = re.search(r"already in use by process with pid (\d+)", reason)
+    if busy:
+      return f"this host's TPU is held by another process (pid {busy.group(1)}): end it or wait"
+    return f"this host's {platform} backend did not start ({_short(reason)})"
+  if present["cuda"] and not _has_cuda_plugin():
+    return f"this host has an NVIDIA GPU but this jaxlib has no CUDA plugin: {INSTALL['cuda']}"
+  return None

@@ -2,7 +2,11 @@
 and the tools' small answers (a text's tokens, where MiniLM lives)."""
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
+import types
 
 import pytest
 
@@ -187,3 +191,72 @@ def test_convert_where_prints_the_minilm_model_directory(capsys):
   path = pathlib.Path(capsys.readouterr().out.strip())
   assert path.name == "model" and (path / "model.safetensors").is_file()
   assert (path / "config.json").is_file()
+
+
+# ------------------------------------------------------------------ the JAX backend
+NO_CUDA = not (cli._has_nvidia_gpu() and cli._has_cuda_plugin())
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="this host runs CUDA: JAX_PLATFORMS=cuda starts")
+@pytest.mark.parametrize("platforms", ["cuda", "gpu"])
+def test_a_gpu_backend_that_cannot_start_is_one_line_naming_the_install(platforms, tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "jaxencoder.train", "--config", "configs/mlm_tiny.py",
+       "--workdir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True,
+      env={**os.environ, "JAX_PLATFORMS": platforms, "JAXENCODER_VERBOSE": ""}, timeout=300)
+  assert result.returncode == cli.EXIT_USER_ERROR, result.stderr
+  assert len(result.stderr.splitlines()) == 1, result.stderr
+  assert result.stderr.startswith(f"error: JAX_PLATFORMS={platforms}: ")
+  assert "pip install 'jaxencoder[cuda]'" in result.stderr
+  assert not (tmp_path / "run").exists()
+
+
+TPU_BUSY = ("Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process "
+            "with pid 4321. Not attempting to load libtpu.so in this process. (set "
+            "JAX_PLATFORMS='' to automatically choose an available backend)")
+
+
+@pytest.mark.parametrize("error, line", [
+    (RuntimeError(TPU_BUSY), "JAX_PLATFORMS=tpu: the TPU is held by another process (pid 4321)"
+                             ": end it or wait, then rerun; or unset JAX_PLATFORMS to run on the"
+                             " CPU"),
+    (RuntimeError("Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so"),
+     "JAX_PLATFORMS=tpu: backend 'tpu' cannot start (INTERNAL: Failed to open libtpu.so): pip "
+     "install 'jaxencoder[tpu]'; or unset JAX_PLATFORMS to run on the CPU"),
+    (RuntimeError("a bug"), None),
+    (AssertionError(), None),  # not raised in JAX's backend start-up
+])
+def test_backend_failures_are_named_and_other_errors_are_not(error, line, monkeypatch):
+  monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+  assert cli.backend_failure(error) == line
+
+
+def test_run_main_turns_a_backend_failure_into_one_line_and_leaves_a_bug(capsys, monkeypatch):
+  monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+  def fail(error):
+    raise error
+  with pytest.raises(SystemExit) as exit_:
+    cli.run_main(lambda: fail(RuntimeError(TPU_BUSY)))
+  assert exit_.value.code == cli.EXIT_USER_ERROR
+  assert capsys.readouterr().err.startswith("error: JAX_PLATFORMS=tpu: the TPU is held by")
+  with pytest.raises(RuntimeError, match="a bug"):
+    cli.run_main(lambda: fail(RuntimeError("a bug")))
+
+
+def test_the_backend_line_names_platform_devices_kinds_and_processes(capsys):
+  assert cli.log_backend() == "running on cpu: 8 devices"  # conftest's 8 CPU devices
+  assert capsys.readouterr().err == "running on cpu: 8 devices\n"  # no log set up: stderr
+  tpus = [types.SimpleNamespace(platform="tpu", device_kind="TPU v5 lite")] * 8
+  assert cli.devices_line(tpus, 2) == "running on tpu: 8 devices (TPU v5 lite), 2 processes"
+  one = [types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H200")]
+  assert cli.devices_line(one) == "running on gpu: 1 device (NVIDIA H200)"
+
+
+def test_a_busy_tpu_is_an_error_not_a_quiet_fall_back_to_the_cpu(monkeypatch):
+  from jax._src import xla_bridge
+  monkeypatch.delenv("JAX_PLATFORMS")
+  monkeypatch.setattr(cli, "has_tpu_chips", lambda: True)
+  monkeypatch.setattr(xla_bridge, "_backend_errors", {"tpu": TPU_BUSY.split(": ", 1)[1]})
+  with pytest.raises(cli.UserError, match=r"^this host's TPU is held by another process \(pid "
+                     r"4321\): end it or wait; or JAX_PLATFORMS=cpu to run on the CPU$"):
+    cli.log_backend()

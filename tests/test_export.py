@@ -1,19 +1,25 @@
 """jaxencoder-export: StableHLO and ONNX files that reload and agree with JAX on new shapes."""
 
 import json
+import pathlib
+import re
 
 import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
+import train_helpers as th
 from conftest import tiny_config
 from data_helpers import VOCAB, tiny_tokenizer
 from jaxencoder import Encoder, export
 from jaxencoder.export import __main__ as export_cli
 from jaxencoder.model.heads import EncoderClassifier
+from jaxencoder.io import run_record
 from jaxencoder.io.checkpoint import Checkpointer
+from jaxencoder.train import loop, predict
 
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "export.md"
 SHAPES = ((2, 8), (3, 13))  # two padded batches, one export
 NEEDS_ONNX = "--format onnx needs jax2onnx (pip install --no-deps jax2onnx==0.17.1) and onnxruntime"
 
@@ -92,7 +98,8 @@ def test_cli_exports_a_run_and_a_pretrained_directory(tiny, tmp_path, capsys):
   for flag, source in (("--run", run), ("--pretrained", tmp_path / "hf")):
     out = tmp_path / f"out{flag}"
     export_cli.main([flag, str(source), "--format", "stablehlo", "--out", str(out)])
-    assert "wrote" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "wrote" in said.out and "running on cpu: 8 devices\n" in said.err
     spec = json.loads((out / export.SPEC).read_text())
     assert [i["name"] for i in spec["inputs"]] == ["input_ids", "attention_mask",
                                                     "token_type_ids"]
@@ -119,6 +126,76 @@ def test_a_classifier_run_exports_its_head_logits(tiny, tmp_path):
   arrays = export.example_batch(export.servable(cfg, params["encoder"]), 3, 13)
   (logits,) = export.load_exported(out)(*arrays)
   np.testing.assert_allclose(logits, model.apply({"params": params}, *arrays), atol=1e-4)
+
+
+def serving_snippet(marker: str) -> str:
+  """The ```py block of docs/export.md that holds `marker`, as written there."""
+  blocks = [b for b in re.findall(r"```py\n(.*?)```", DOCS.read_text(), flags=re.DOTALL)
+            if marker in b]
+  assert len(blocks) == 1, f"docs/export.md: {len(blocks)} ```py blocks hold {marker!r}"
+  return blocks[0]
+
+
+def serve_as_documented(run, tmp_path, capsys, monkeypatch) -> tuple[str, list[str]]:
+  """(What docs/export.md's classifier snippet prints on `run`'s ONNX export, written where
+  the docs' command writes it; the labels jaxencoder-predict gives the snippet's texts)."""
+  export_cli.main(["--run", str(run), "--format", "onnx", "--out", str(tmp_path / "run_onnx"),
+                   "--no-check"])
+  capsys.readouterr()
+  snippet = serving_snippet("id2label")
+  monkeypatch.chdir(tmp_path)
+  exec(snippet, {})
+  texts = eval(re.search(r"encode_batch\((\[.*?\])\)", snippet).group(1))
+  predicted = predict.predict(predict.load(run), texts)
+  return capsys.readouterr().out.strip(), [line.split("\t")[0] for line in predicted]
+
+
+@onnx_only
+def test_the_documented_snippet_serves_a_classifier_run_with_its_label_names(
+    tiny, tmp_path, capsys, monkeypatch):
+  cfg = tiny[0]  # a run as training leaves it: its own tokenizer pads nothing, cuts at 16
+  run = write_run(tmp_path / "run", cfg, init(EncoderClassifier(cfg, 2), seed=2),
+                  vocab_file(tmp_path), task="classify", num_classes=2)
+  tokenizer = tiny_tokenizer()
+  tokenizer.encode("a b", max_length=16)
+  run_record.write(run, {"tokenizer": {"files": run_record.save_tokenizer(run, tokenizer)},
+                         "labels": ["no", "yes"]})
+  printed, labels = serve_as_documented(run, tmp_path, capsys, monkeypatch)
+  assert printed == repr(labels) and set(labels) <= {"no", "yes"}, printed
+  out = tmp_path / "run_onnx"
+  spec = json.loads((out / export.SPEC).read_text())
+  assert spec["id2label"] == {"0": "no", "1": "yes"} and spec["external_data"] is None
+  served = json.loads((out / "tokenizer.json").read_text())
+  assert served["padding"]["strategy"] == "BatchLongest"
+  assert served["truncation"]["max_length"] == cfg.max_positions
+  assert {f.name: oct(f.stat().st_mode & 0o777) for f in out.iterdir()} == {
+      name: "0o644" for name in (".jaxencoder-output.json", "export.json", "model.onnx",
+                                 "tokenizer.json")}
+
+
+@onnx_only
+def test_weights_past_the_one_file_limit_go_beside_it_named_in_export_json(
+    tiny, tmp_path, monkeypatch):
+  from jaxencoder.export import formats
+  monkeypatch.setattr(formats, "ONNX_ONE_FILE_BYTES", 0)  # as if the model were 2 GB
+  run = write_run(tmp_path / "run", tiny[0], {"encoder": tiny[1]}, vocab_file(tmp_path))
+  export_cli.main(["--run", str(run), "--format", "onnx", "--out", str(tmp_path / "out")])
+  spec = json.loads((tmp_path / "out" / export.SPEC).read_text())
+  data = tmp_path / "out" / spec["external_data"]
+  assert spec["external_data"] == "model.onnx.data" and data.stat().st_size > 10_000
+  assert oct(data.stat().st_mode & 0o777) == "0o644"
+  assert max(spec["check"]["max_abs_diff"].values()) < 1e-4  # read with its weights
+
+
+@pytest.mark.slow
+@onnx_only
+def test_the_documented_snippet_serves_a_trained_classify_run(tmp_path, capsys, monkeypatch):
+  config = th.tiny_config(tmp_path, th.classification_set(tmp_path), th.write_vocab(tmp_path))
+  config.task, config.data.kind, config.data.eval_split = "classify", "text_classification", "test"
+  config.num_train_steps = config.eval_every = config.checkpoint_every = 2
+  loop.train_and_evaluate(config, tmp_path / "run")
+  printed, labels = serve_as_documented(tmp_path / "run", tmp_path, capsys, monkeypatch)
+  assert printed == repr(labels) and set(labels) <= {"no", "yes"}, printed
 
 
 def test_longer_than_the_position_table_is_refused(tiny, tmp_path):

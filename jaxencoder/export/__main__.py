@@ -10,10 +10,13 @@ when the model has type embeddings. Outputs: a classifier run's head (tasks clas
 multilabel, regression: `logits` [B, C]; token_classify: [B, L, C]); otherwise the
 encoder's `last_hidden_state` [B, L, D] and `pooled` [B, D] (the model's pooling).
 DIR gets model.stablehlo (`jax.export.deserialize` reads it; lowered for --platforms) or
-model.onnx (+ model.onnx.data, its weights; converted by jax2onnx, run by onnxruntime),
-export.json (inputs, outputs, symbolic dims, model config, source, the check below) and
-the tokenizer file. Unless --no-check, the export is reloaded and run on a padded batch,
-and its largest difference from JAX's outputs is printed and kept in export.json.
+model.onnx (converted by jax2onnx, run by onnxruntime; its weights inside, or in
+model.onnx.data beside it past protobuf's 2 GB: export.json's external_data), export.json
+(inputs, outputs, symbolic dims, a classifier's id2label, model config, source, the check
+below) and tokenizer.json (padding a batch to its longest text, truncating at the model's
+length), each readable by all (0644). Unless --no-check, the export is reloaded and run on
+a padded batch, and its largest difference from JAX's outputs is printed and kept in
+export.json.
 ONNX needs `pip install 'jaxencoder[export]'` and `pip install --no-deps jax2onnx==0.17.1`
 (its metadata pins orbax-checkpoint < 0.11.37, which pip would satisfy by downgrading).
 """

@@ -24,6 +24,11 @@ from jaxencoder.model.encoder import Encoder
 from jaxencoder.export import CHECK_SHAPE, FILES, PLATFORMS, SPEC, onnx_matmul
 
 
+# protobuf's limit on one message (onnx.checker.MAXIMUM_PROTOBUF): a larger ONNX model
+# keeps its weights in an external-data file beside it.
+ONNX_ONE_FILE_BYTES = 2**31 - 1
+
+
 class Unsupported(cli.UserError):
   """The model holds an operation the format cannot express."""
 
@@ -95,9 +100,9 @@ def export_stablehlo(s: Servable, path, platforms=PLATFORMS) -> None:
   pathlib.Path(path).write_bytes(exported.serialize())
 
 
-def export_onnx(s: Servable, path, *, matmul: bool = True) -> None:
+def export_onnx(s: Servable, path, *, matmul: bool = True) -> str | None:
   """Writes an ONNX model (opset 23) with the dims B and L symbolic; `matmul`: its dense
-  layers' Einsums as MatMuls (onnx_matmul.py)."""
+  layers' Einsums as MatMuls (onnx_matmul.py). Returns save_onnx's external-data file."""
   to_onnx, version = _jax2onnx()
   # Traced by JAX first: jax2onnx 0.17.1 traces jnp.arange itself and makes a symbolic
   # stop a data-dependent dim, which masks.make_attention_mask cannot index; its jaxpr
@@ -105,15 +110,31 @@ def export_onnx(s: Servable, path, *, matmul: bool = True) -> None:
   closed, specs = trace(s, "onnx")
   program = jaxpr_as_fun(closed)
   try:
-    to_onnx(lambda *arrays: tuple(program(*arrays)), specs,
-            input_names=list(s.inputs), output_names=list(s.outputs),
-            model_name="jaxencoder", return_mode="file", output_path=str(path))
+    model = to_onnx(lambda *arrays: tuple(program(*arrays)), specs,
+                    input_names=list(s.inputs), output_names=list(s.outputs),
+                    model_name="jaxencoder", return_mode="proto")
   except NotImplementedError as e:
     op = re.search(r"primitive '([^']+)'", str(e))
     raise Unsupported(f"onnx: jax2onnx {version} has no conversion for JAX primitive "
                       f"{op.group(1) if op else str(e)!r}; try --format stablehlo") from None
   if matmul:
-    onnx_matmul.einsums_to_matmul(path)
+    onnx_matmul.einsums_to_matmul(model)
+  return save_onnx(model, path)
+
+
+def save_onnx(model, path) -> str | None:
+  """Writes the ModelProto `model` to `path` as one file when it fits in one protobuf
+  (ONNX_ONE_FILE_BYTES); a larger one keeps its weights in PATH.data beside it (onnx's
+  external data), whose name it returns (None: one file)."""
+  import onnx  # lazy: optional extra export (onnx)
+  path = pathlib.Path(path)
+  if model.ByteSize() < ONNX_ONE_FILE_BYTES:
+    onnx.save_model(model, str(path))
+    return None
+  data = path.name + ".data"
+  onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=data, size_threshold=1024)
+  return data
 
 
 def _jax2onnx():
@@ -176,7 +197,8 @@ def example_batch(s: Servable, batch: int, length: int, seed: int = 0) -> list:
 
 
 def describe(s: Servable, fmt: str, **extra) -> dict[str, Any]:
-  """export.json: what to feed the exported model and what comes back."""
+  """export.json: what to feed the exported model and what comes back (a classifier's
+  class names as id2label, Hugging Face's config.json key: {"0": name, ...})."""
   dims = lambda shape: [d if isinstance(d, int) else str(d) for d in shape]
   specs = s.input_specs()
   outs = jax.eval_shape(s.fn, *specs)
@@ -188,5 +210,10 @@ def describe(s: Servable, fmt: str, **extra) -> dict[str, Any]:
           "symbolic_dims": {"B": "batch, >= 1",
                             "L": f"sequence length, 1..{s.max_len}" if s.max_len else
                                  "sequence length, >= 1"},
-          "max_len": s.max_len, "pooling": s.cfg.pooling, "labels": s.labels,
+          "max_len": s.max_len, "pooling": s.cfg.pooling, "id2label": id2label(s.labels),
           "source": s.source, "jax": jax.__version__, "model": s.cfg.to_dict(), **extra}
+
+
+def id2label(names: list[str] | None) -> dict[str, str] | None:
+  """Class index (a JSON key, so a string) -> name; None when the model has no classes."""
+  return {str(i): name for i, name in enumerate(names)} if names else None

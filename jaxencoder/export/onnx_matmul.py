@@ -34,12 +34,10 @@ def matmul_plan(equation: str) -> tuple[Perm, Perm, Perm] | None:
           perm(product, list(out)))
 
 
-def einsums_to_matmul(path) -> int:
-  """Rewrites, in the ONNX file at `path`, each Einsum that `matmul_plan` fits as
-  [Transpose] + MatMul [+ Transpose]; returns how many. Weights stored beside it
-  (external data) stay where they are."""
+def einsums_to_matmul(model) -> int:
+  """Rewrites, in the ONNX ModelProto `model` (in place), each Einsum that `matmul_plan`
+  fits as [Transpose] + MatMul [+ Transpose]; returns how many."""
   import onnx  # lazy: optional extra export (onnx)
-  model = onnx.load(str(path), load_external_data=False)
   nodes, count = [], 0
   for node in model.graph.node:
     equation = next((a.s.decode() for a in node.attribute if a.name == "equation"), "")
@@ -61,5 +59,4 @@ def einsums_to_matmul(path) -> int:
                                          name=f"{node.name}_Tout", perm=plan[2]))
   del model.graph.node[:]
   model.graph.node.extend(nodes)
-  onnx.save(model, str(path))
   return count

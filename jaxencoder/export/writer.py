@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 import time
 from collections.abc import Sequence
 
@@ -22,7 +21,7 @@ from jaxencoder.pretrained.hf_checkpoint import encoder_params
 from jaxencoder.pretrained.resolver import hf_dir, resolve
 from jaxencoder.model.restore_targets import stored_config, stored_encoder
 from jaxencoder.tasks import registry
-from jaxencoder.tokenizer import resolve_file, run_tokenizer
+from jaxencoder.tokenizer import Tokenizer, resolve_file, run_tokenizer
 from jaxencoder.train import predict
 
 TOOL = "jaxencoder-export"  # named in the marker of what it writes (io.outputs)
@@ -42,21 +41,15 @@ def write(out, fmt: str = "stablehlo", *, run: str | None = None,
   outputs.check_apart(("--out", out), _inputs(run, pretrained))
   outputs.check_replaceable("--out", out, TOOL, overwrite)
   s, tokenizer = read_model(run, pretrained)
+  cli.log_backend()  # after the model's own errors (one line each), before its export
   out.mkdir(parents=True, exist_ok=True)
   for stale in out.glob("model.*"):  # --overwrite: no weights of another export stay
     stale.unlink()
   start = time.perf_counter()
-  if fmt == "onnx":
-    formats.export_onnx(s, out / FILES[fmt])
-  else:
-    formats.export_stablehlo(s, out / FILES[fmt], tuple(platforms))
+  extra = _export(s, fmt, out / FILES[fmt], platforms)
   seconds = time.perf_counter() - start
-  extra = {"export_seconds": round(seconds, 2), "tokenizer": None}
-  if fmt == "stablehlo":
-    extra["platforms"] = list(platforms)
-  if tokenizer:
-    shutil.copy(tokenizer, out / pathlib.Path(tokenizer).name)
-    extra["tokenizer"] = pathlib.Path(tokenizer).name
+  extra["export_seconds"] = round(seconds, 2)
+  extra["tokenizer"] = write_tokenizer(tokenizer, out, s.cfg.max_positions) if tokenizer else None
   note = ""
   if check:
     diffs = formats.check(s, fmt, out / FILES[fmt])
@@ -64,9 +57,42 @@ def write(out, fmt: str = "stablehlo", *, run: str | None = None,
     note = f"; max |diff| vs JAX on a padded {CHECK_SHAPE} batch: {max(diffs.values()):.1e}"
   (out / SPEC).write_text(json.dumps(formats.describe(s, fmt, **extra), indent=2) + "\n")
   outputs.mark(out, TOOL)
+  readable_by_all(out)
   size = sum(f.stat().st_size for f in out.glob("model.*")) / 2**20
   return (f"wrote {out / FILES[fmt]} ({size:.1f} MiB, {seconds:.1f} s; inputs "
           f"{', '.join(s.inputs)} [B, L] int32 -> {', '.join(s.outputs)}){note}")
+
+
+def _export(s: Servable, fmt: str, path: pathlib.Path, platforms: Sequence[str]) -> dict:
+  """Writes the model file; returns what export.json says of it (ONNX: its external-data
+  file or None; StableHLO: the platforms lowered for)."""
+  if fmt == "onnx":
+    return {"external_data": formats.export_onnx(s, path)}
+  formats.export_stablehlo(s, path, tuple(platforms))
+  return {"platforms": list(platforms)}
+
+
+def write_tokenizer(source, out: pathlib.Path, max_len: int) -> str:
+  """Writes OUT/tokenizer.json from the model's tokenizer file `source`, padding a batch
+  to its longest text and truncating at `max_len` (the model's length) whatever the
+  source said, so that encode_batch gives rectangular arrays; returns its name."""
+  tok = Tokenizer.from_file(source)  # as training read it (a vocab.txt: uncased BERT)
+  try:
+    pad_id = tok.pad_id
+  except KeyError:  # no pad token: any id serves, the attention mask hides it
+    pad_id = 0
+  tok.hf.enable_padding(pad_id=pad_id, pad_token=tok.hf.id_to_token(pad_id) or "[PAD]")
+  tok.hf.enable_truncation(max_len)
+  (out / "tokenizer.json").write_text(tok.hf.to_str(pretty=True), encoding="utf-8")
+  return "tokenizer.json"
+
+
+def readable_by_all(out: pathlib.Path) -> None:
+  """Mode 0644 for each file in `out` (onnx writes its external data 0600): an export is
+  served by other users and services."""
+  for f in out.iterdir():
+    if f.is_file():
+      f.chmod(0o644)
 
 
 def _inputs(run: str | None, pretrained: str | None) -> list[outputs.Labelled]:

@@ -10,7 +10,7 @@ import argparse
 import contextlib
 import json
 
-from jaxencoder import progress
+from jaxencoder import cli, progress
 from jaxencoder.data import readers
 from jaxencoder.io import outputs, paths
 from jaxencoder.io.run_dir import RunDir
@@ -55,6 +55,7 @@ def probe(args: argparse.Namespace) -> dict:
         hf_dir = local(_pretrained_dir(args.pretrained))
         cfg, params, tokenizer = load_pretrained(hf_dir, local(args.tokenizer), **resize)
     dataset = _read_data(args, local(args.data), cfg)
+    cli.log_backend()  # after the model's and data's own errors, before the study
     out = paths.as_path(args.out)
     out_local = stack.enter_context(outputs.replacing("--out", out, TOOL, args.overwrite))
     options = options_from(args, hf_dir)

@@ -329,6 +329,7 @@ def _main(args) -> None:
   lines = read_lines(args.input)
   jsonl = (args.format or ("jsonl" if (args.out or "").endswith(".jsonl") else "text")) == "jsonl"
   p = load(args.run, args.step)
+  cli.log_backend()  # after the run's own errors (one line each), before the predictions
   result = predictions(p, lines, batch_size=args.batch_size, scores=args.scores, progress=True)
   blanks = int(result.blank_N.sum())
   note = lambda kept_as: f" ({blanks} blank lines: {kept_as})" if blanks else ""

@@ -19,7 +19,8 @@ def check_before_writing(config, *, train: bool = True) -> None:
   if train:
     optim.check(config.optim)
   sharding.use_cpu_devices(config.cpu_devices)
-  check_batches(config, jax.device_count(), train=train)
+  check_batches(config, jax.device_count(), train=train)  # the backend starts here
+  cli.log_backend()
 
 
 def check_writable_workdir(workdir: str) -> None:
