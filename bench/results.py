@@ -12,7 +12,8 @@ and its docstring says so. This runs the docstring's `python train.py --config
 configs/NAME.py --workdir W ...` command (the `--config.*` flags written on it, then the
 overrides, then `--config.seed=S`), each seed in a fresh temporary workdir, reads the
 metric from the run's metrics.jsonl and writes the markdown table the docs include
-(docs/results_table.md). It exits 1, with one line per config, when a measured mean left
+(docs/results_table.md, rows of the configs run: run them all, or together, for the
+page). It exits 1, with one line per config, when a measured mean left
 the documented mean by more than the config's spread.
 
 Metric names are those of train.py's final log line: `test_X` is X of the `test` row (the
@@ -148,9 +149,13 @@ def _plain_env() -> dict[str, str]:
 
 
 def measure(declared: Declared, seeds: int, extra: list[str]) -> Measured:
-  runs = [run_once(declared, seed, extra) for seed in range(seeds)]
-  for seed, (value, wall) in enumerate(runs):
-    print(f"{declared.name} seed {seed}: {declared.metric} {value:.4f}, {wall:.0f} s", flush=True)
+  """Seeds 0 .. seeds-1 of one config, each printed (with the load) as it finishes."""
+  runs = []
+  for seed in range(seeds):
+    value, wall = run_once(declared, seed, extra)
+    runs.append((value, wall))
+    print(f"{declared.name} seed {seed}: {declared.metric} {value:.4f}, {wall:.0f} s, load "
+          f"average {os.getloadavg()[1]:.1f} (5 min)", flush=True)
   return Measured(declared, tuple(v for v, _ in runs), tuple(w for _, w in runs))
 
 

@@ -34,6 +34,8 @@ from jaxencoder.config import EncoderConfig
 from jaxencoder.train.config import base_config, model_config
 
 
+# What bench/results.py checks: test accuracy of seeds 0, 1, 2 (above); a mean further than
+# `spread` from theirs is flagged (within it, the mean stays above the 0.93 goal).
 RESULT = dict(metric="test_accuracy", values=(0.9867, 0.9533, 0.9667), spread=0.03)
 
 
