@@ -17,10 +17,11 @@ read); the final state, the one checkpoint, is scored once on the test split
 (`data.test_split`: test_* metrics in the log and metrics.jsonl). Train series are
 augmented: moved by up to 10 steps (`data.random_shift`) and scaled by 0.8-1.2
 (`data.random_scale`).
-Measured 2026-12-05 on the 2-core CPU machine shared with other jobs (load 4-7), GunPoint
-standard split (40 train + 10 validation / 150 test), `python bench/results.py time_series`
-(seeds 0, 1, 2): test accuracy 0.9867 / 0.9533 / 0.9667, mean 0.9689 (range 0.9533-0.9867);
-RESULT below declares them. Wall 3 min 27 s a seed at load ~3 (7-8 min at load 5-7).
+Measured 2026-12-05 on the 2-core CPU machine shared with other jobs, GunPoint standard
+split (40 train + 10 validation / 150 test), `python bench/results.py time_series` (seeds
+0, 1, 2): test accuracy 0.9867 / 0.9533 / 0.9667, mean 0.9689 (range 0.9533-0.9867);
+RESULT below declares them. Wall 4.9 / 8.4 / 6.7 min at load 4.8-8.0 (3 min 27 s for
+seed 0 at load 0.2-4, the first fetch included).
 Choosing the checkpoint on 10 validation series instead (2026-12-01's recipe, every 250
 steps, best validation accuracy) scored 0.9867 / 0.9133 / 0.9667 at head (mean 0.9556):
 seed 1's validation accuracy tied at 1.0 first at step 1000 (test 0.9133; its final state
