@@ -9,7 +9,10 @@ The host CPU is split into 2 JAX devices (cpu_devices=2, data parallel): 0.035 s
 against 0.054 s as one device, measured together by bench/cpu_devices.py (1.57x).
 Measured 2026-12-01 on the 2-core CPU machine, idle, standard split (60k train / 10k test):
 test accuracy 0.9023 at step 10000 (0.887 at 5000), 6 min 27 s wall including setup
-(data prepared) and both evals.
+(data prepared) and both evals. Re-measured 2026-12-05 at the project's head (fresh data
+directory, the machine shared: load 4.3-5.7): 0.9023 again (seed 0), 8 min 34 s wall.
+One seed only: the seed-to-seed spread is not measured (RESULT's 0.01 is a guess; 0.9023
+clears the 0.90 goal by 0.002).
 Same recipe on one CPU device (before cpu_devices), same day:
   10000 steps   0.9029   9 min 58 s (a fast spell of this machine)
    9000 steps   0.9003  11 min 34 s (a slow spell: its speed drifts by ~35%)
@@ -22,6 +25,11 @@ Baseline (bench/baselines_vision_series.py): logistic regression on raw pixels 0
 
 from jaxencoder.model.config import EncoderConfig
 from jaxencoder.train.config import base_config, model_config
+
+
+# What bench/results.py checks: eval accuracy at the last step (eval_split is the test split)
+# of seed 0 (above); one further than `spread` from it is flagged.
+RESULT = dict(metric="accuracy", values=(0.9023,), spread=0.01)
 
 
 def get_config():
