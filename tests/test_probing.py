@@ -228,3 +228,65 @@ def test_plot_legends_sit_right_of_the_axes_covering_no_data(plot, tmp_path, mon
   renderer = fig.canvas.get_renderer()
   ax = fig.axes[0]
   assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+
+
+def captured_figures(monkeypatch):
+  """Figures the report's plot functions make, kept instead of written."""
+  from jaxencoder.probing import probe_report
+  figures = []
+  monkeypatch.setattr(probe_report, "save_figure", lambda fig, path: figures.append(fig) or path)
+  return figures
+
+
+def test_selectivity_has_an_axis_of_its_own_below_the_accuracy_one(tmp_path, monkeypatch):
+  from jaxencoder.probing import probe_report
+  figures = captured_figures(monkeypatch)
+  rows = [{"layer": n, "accuracy": 0.9, "control_accuracy": 0.6 + 0.1 * n,
+           "selectivity": 0.3 - 0.1 * n} for n in range(3)]
+  probe_report.plot_probe_accuracy({"majority_baseline": 0.5, "layers": rows},
+                                   tmp_path / "p.png", context="model: m | data: d | task: t")
+  accuracy_ax, selectivity_ax = figures[0].axes
+  assert [b.get_height() for b in selectivity_ax.patches] == pytest.approx([0.3, 0.2, 0.1])
+  assert not accuracy_ax.patches  # no bar crosses the majority line
+  majority = [line for line in accuracy_ax.lines if line.get_label() == "majority"]
+  assert majority and majority[0].get_ydata()[0] == 0.5
+  assert "majority" not in [line.get_label() for line in selectivity_ax.lines]
+  assert accuracy_ax.get_ylim()[0] == 0 and "selectivity" in selectivity_ax.get_ylabel()
+  assert selectivity_ax.get_xlabel().startswith("layer (0 = embeddings")
+
+
+def test_a_control_line_equal_to_the_task_line_stays_visible(tmp_path, monkeypatch):
+  from jaxencoder.probing import probe_report
+  figures = captured_figures(monkeypatch)
+  rows = [{"layer": n, "accuracy": 0.8, "control_accuracy": 0.8, "selectivity": 0.0}
+          for n in range(3)]
+  probe_report.plot_probe_accuracy({"majority_baseline": 0.5, "layers": rows}, tmp_path / "p.png")
+  lines = {line.get_label(): line for line in figures[0].axes[0].lines}
+  task, control = lines["task"], lines["control"]
+  np.testing.assert_array_equal(task.get_ydata(), control.get_ydata())
+  assert task.get_marker() != control.get_marker()
+  assert task.get_linestyle() != control.get_linestyle()
+  assert control.get_markersize() > task.get_markersize()  # its open marker rings the task's
+  assert control.get_markerfacecolor() == "none" and task.get_zorder() > control.get_zorder()
+  legend = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+  assert legend == ["task", "control", "majority"]
+
+
+def test_head_heat_maps_number_layers_from_one_and_heads_from_zero(tmp_path, monkeypatch):
+  from jaxencoder.probing import probe_report
+  figures = captured_figures(monkeypatch)
+  probe_report.plot_head_heatmap(np.zeros((2, 3)), tmp_path / "h.png", context="ctx")
+  ax = figures[0].axes[0]
+  assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2"]
+  assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2"]
+  assert "0 = embeddings" in ax.get_ylabel() and "from 0" in ax.get_xlabel()
+  assert ax.get_title().endswith("\nctx")
+
+
+def test_the_health_verdict_line_names_the_verdict_and_the_losses():
+  train = np.linspace(3.0, 1.0, 50)
+  line = health.verdict_line(health.training_health(records(train, [2.5, 1.5, 1.2, 1.3, 1.6, 2.0])))
+  assert line.startswith("training health: overfitting (train loss ")
+  assert "eval loss 2.000" in line
+  assert health.verdict_line({"error": "no train loss records", "flags": []}) == (
+      "training health: unknown (no train loss records)")

@@ -295,3 +295,83 @@ def test_the_installed_command_exits_zero_after_a_study(monkeypatch):
                                    "--out", "out"])
   assert probe.main() == {"report": "of the study"}
   assert command.load()() is None
+
+
+def write_tagged(path, dataset) -> None:
+  path.write_text("\n".join(" ".join(f"{w}/{t}" for w, t in zip(ws, ts))
+                            for ws, ts in zip(dataset.sentences, dataset.labels)) + "\n")
+
+
+def test_read_dataset_reads_a_directory_of_tagged_files_in_name_order(tmp_path):
+  first, second = tagged_dataset([4, 5], seed=1), tagged_dataset([6], seed=2)
+  write_tagged(tmp_path / "b.txt", second)
+  write_tagged(tmp_path / "a.txt", first)
+  (tmp_path / "notes.md").write_text("not data\n")  # other kinds are left alone
+  dataset = features.read_dataset(tmp_path)
+  assert dataset.level == "word" and dataset.origin == str(tmp_path)
+  assert dataset.sentences == first.sentences + second.sentences
+  assert dataset.labels == first.labels + second.labels
+  assert features.read_dataset(tmp_path, max_sentences=2).sentences == first.sentences
+
+
+@pytest.mark.parametrize("files, message", [
+    ((), "a directory needs word/TAG .txt, .conllu, or .csv/.tsv"),
+    (("a.txt", "b.csv"), "mixes word tags (.txt/.conllu) and sentence labels (.csv/.tsv)")])
+def test_a_data_directory_without_one_kind_of_files_is_refused_in_one_line(tmp_path, files,
+                                                                           message):
+  for name in files:
+    (tmp_path / name).write_text("the/DET\n" if name.endswith(".txt") else "text,label\na,b\n")
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
+    features.read_dataset(tmp_path)
+  assert "\n" not in str(err.value)
+
+
+def test_cli_reads_a_data_directory_streams_by_default_and_prints_the_health_verdict(
+    model, tmp_path, capsys, monkeypatch):
+  from jaxencoder.probing import __main__ as probe
+  from jaxencoder.probing import probe_report
+  cfg, params, _ = model
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(VOCAB) + "\n")
+  write_checkpoint(tmp_path / "run", cfg, params, vocab)
+  (tmp_path / "data").mkdir()
+  for part in range(2):
+    write_tagged(tmp_path / "data" / f"part{part}.txt",
+                 tagged_dataset([5 + i % 9 for i in range(30)], seed=part))
+  figures, save = [], probe_report.save_figure
+  monkeypatch.setattr(probe_report, "save_figure",
+                      lambda fig, path: figures.append(fig) or save(fig, path))
+  out = tmp_path / "out"
+  report = probe.main(["--checkpoint", str(tmp_path / "run"), "--data", str(tmp_path / "data"),
+                       "--out", str(out), "--max-epochs", "3"])
+  assert report["data"]["sentences"] == 60 and report["data_source"] == str(tmp_path / "data")
+  assert report["task"] == "word tags (3 labels)"
+  assert report["layer_convention"]["layer"].startswith("0 = embeddings")
+  assert not [p.name for p in out.iterdir() if p.is_dir()]  # streamed features are gone
+  printed = capsys.readouterr().out
+  assert f"training health: {report['training_health']['verdict']} (train loss" in printed
+  context = probe_report.context(report)
+  assert context.startswith("model: ") and str(tmp_path / "run")[-20:] in context
+  assert "| data: " in context and context.endswith("data | task: word tags (3 labels)")
+  for fig in figures:  # every plot names the model, the data and the task
+    title = fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title()
+    assert context in title, title
+  assert len(figures) == len(report["plots"])
+
+
+def test_keep_features_leaves_them_in_out_and_stream_is_a_noted_no_op(model, tmp_path,
+                                                                      capsys):
+  from jaxencoder import pretrained
+  from jaxencoder.probing import __main__ as probe
+  cfg, params, tok = model
+  pretrained.save(tmp_path / "hf", cfg, params, tok)
+  data = tmp_path / "tags.txt"
+  write_tagged(data, tagged_dataset([5 + i % 9 for i in range(30)]))
+  args = ["--pretrained", str(tmp_path / "hf"), "--data", str(data), "--max-epochs", "2",
+          "--no-control"]
+  probe.main(args + ["--out", str(tmp_path / "kept"), "--keep-features"])
+  kept = features.load_features(tmp_path / "kept" / "features")
+  assert len(kept.layers) == cfg.num_layers + 1 and len(kept.labels_M) == len(kept.layers[0])
+  probe.main(args + ["--out", str(tmp_path / "streamed"), "--stream"])
+  assert "--stream is the default now" in capsys.readouterr().err
+  assert not [p for p in (tmp_path / "streamed").iterdir() if p.is_dir()]

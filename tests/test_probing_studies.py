@@ -76,3 +76,12 @@ def test_the_head_studys_loss_with_every_head_is_the_probes_loss_on_the_features
   assert loss == pytest.approx(float(want), rel=1e-5)
   assert accuracy == pytest.approx(probes.accuracy(probe_params, x[items],
                                                    feats.labels_M[items]))
+
+
+def test_the_most_important_heads_count_layers_from_one_as_block_numbers(report, model):
+  cfg = model[0]
+  importance_NxH = np.array(report["heads"]["importance"])
+  top = report["heads"]["most_important"][0]
+  # layer 0 = embeddings, so row r of the [N, H] matrix is layer r + 1; heads from 0
+  assert importance_NxH[top["layer"] - 1, top["head"]] == importance_NxH.max()
+  assert all(1 <= row["layer"] <= cfg.num_layers for row in report["heads"]["most_important"])

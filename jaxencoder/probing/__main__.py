@@ -12,7 +12,8 @@ that restore, past a damaged step, and metrics.jsonl for the training-health rep
 a converted checkpoint;
 `--pretrained` a Hugging Face directory (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT,
 ViT: see jaxencoder.pretrained). Paths may be gs:// URLs. Text data: `word/TAG` lines or
-`.conllu` (word-level probe), `.csv`/`.tsv` `text,label` rows (sentence-level probe).
+`.conllu` (word-level probe), `.csv`/`.tsv` `text,label` rows (sentence-level probe), or
+a directory of such files (its *.txt and *.conllu, or its *.csv and *.tsv, as one set).
 Image data (image encoders): a prepared image_arrays dataset directory (`python -m
 jaxencoder.data`; `--split`) or a `.npz` with `images` [N, H, W(, C)] on the 0..255
 scale and `labels` [N] (+ `label_names`); one [CLS] (or `--pool mean` patch-mean)
@@ -20,11 +21,15 @@ vector per image and layer, normalised as train.py does for --checkpoint runs, a
 directory's preprocessor_config.json (else ViTImageProcessor's defaults) for
 --pretrained. Images of another size are refused: `--image-size H,W` loads the model
 with its position grid resampled; `--max-len N` extends a text position table.
+Features stream to per-layer .npy files in a scratch folder under OUT, deleted at the end;
+`--keep-features` keeps them in OUT/features (`probing.features.load_features` reads them).
+Layers: 0 = the embeddings, i = transformer block i; heads count from 0 (plots and report).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from jaxencoder import cli
 
@@ -44,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
   source.add_argument("--checkpoint", help="a train.py workdir (or its checkpoints/ dir)")
   source.add_argument("--pretrained", help="a Hugging Face encoder directory")
   p.add_argument("--data", required=True,
-                 help="word/TAG, .conllu, or .csv/.tsv file; images: dataset dir or .npz")
+                 help="word/TAG .txt, .conllu, or .csv/.tsv file, or a directory of them; "
+                 "images: dataset dir or .npz")
   p.add_argument("--out", required=True, help="output directory (new or empty; see --overwrite)")
   p.add_argument("--overwrite", action="store_true", help="replace an --out that this command "
                  "wrote earlier (all of it: no plot of the earlier study stays)")
@@ -63,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--max-length", type=int,
                  help="tokens per sentence (default: 128, or --max-len when given)")
   p.add_argument("--batch-size", type=int, default=32)
-  p.add_argument("--stream", action="store_true", help="features as per-layer .npy memmaps")
+  p.add_argument("--keep-features", action="store_true", help="keep the per-layer features "
+                 "in OUT/features (.npy; default: streamed to a scratch folder, deleted)")
+  p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)  # the default now
   p.add_argument("--mlp", action="store_true", help="also an MLP probe per layer")
   p.add_argument("--no-control", action="store_true", help="skip the control task")
   p.add_argument("--seed", type=int, default=0)
@@ -110,6 +118,9 @@ def check_study_flags(args: argparse.Namespace) -> None:
 def main(argv=None) -> dict:
   """The study's report (what report.json holds); flags as `jaxencoder-probe --help`."""
   args = parse_args(argv)
+  if args.stream:
+    print("note: --stream is the default now (features streamed, then deleted); "
+          "--keep-features keeps them in OUT/features", file=sys.stderr)
 
   def run():
     check_study_flags(args)

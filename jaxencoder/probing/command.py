@@ -27,7 +27,7 @@ def options_from(args: argparse.Namespace, hf_dir=None) -> study.StudyOptions:
   return study.StudyOptions(
       pool=args.pool, batch_size=args.batch_size,
       max_length=args.max_length or args.max_len or 128,
-      stream=args.stream, mlp=args.mlp, control=not args.no_control,
+      stream=True, keep_features=args.keep_features, mlp=args.mlp, control=not args.no_control,
       probe=probes.ProbeConfig(seed=args.seed, l2=args.l2, max_epochs=args.max_epochs),
       mdl=args.mdl, heads=args.heads, heads_sentences=args.heads_sentences,
       collapse=representation.CollapseThresholds.from_dict(json.loads(args.collapse)),

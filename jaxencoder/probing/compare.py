@@ -40,7 +40,8 @@ def run(model_a, model_b, dataset, out_dir, options: StudyOptions = StudyOptions
   feats_b = None if model_b is None else _features(*model_b, dataset, options)
   if feats_b is not None:
     check_same_items(feats_a, feats_b, sources)
-  rep = {"source": sources[0], "data": feats_a.info,
+  rep = {"source": sources[0], "data_source": getattr(dataset, "origin", ""),
+         "data": feats_a.info,
          "models": {"a": model_summary(model_a[0]),
                     "b": None if model_b is None else model_summary(model_b[0])},
          "extract_seconds": time.time() - started}
@@ -49,7 +50,8 @@ def run(model_a, model_b, dataset, out_dir, options: StudyOptions = StudyOptions
   with progress_lib.phase(f"CKA of {pairs} and plots", enabled=options.progress):
     rep["similarity"] = similarity_report(feats_a.layers, layers_b, unbiased=unbiased,
                                           sources=sources, seed=options.probe.seed)
-    rep["plots"] = [str(p) for p in _plots(rep["similarity"], out_dir)]
+    rep["plots"] = [str(p) for p in _plots(rep["similarity"], out_dir,
+                                           rep["data_source"] or "?")]
   rep["seconds"] = time.time() - started
   probe_report.write_json(rep, out_dir / "report.json")
   return rep
@@ -160,20 +162,21 @@ def _features(cfg, params, tokenizer, dataset, options: StudyOptions):
                               extractor=features_lib.Extractor(cfg, params, attention=False))
 
 
-def _plots(sim: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
-  """Heat maps: A against B (when given), then A and B each against itself."""
+def _plots(sim: dict, out_dir: pathlib.Path, data: str = "?") -> list[pathlib.Path]:
+  """Heat maps: A against B (when given), then A and B each against itself; the titles
+  name the models (A, B) and the data."""
   name_a = f"A ({_short(sim['sources']['a'] or 'model A')})"
   name_b = f"B ({_short(sim['sources']['b'] or 'model B')})"
-  title = f"linear CKA ({sim['kernel_estimator']})"
+  title = f"linear CKA ({sim['kernel_estimator']}), data: {_short(data)}\n"
   paths = []
   if "within_b" in sim:
     paths.append(plot_cka(sim["linear_cka"], out_dir / "cka_a_vs_b.png",
-                          f"{title}: A against B", name_a, name_b))
-  paths.append(plot_cka(sim["within_a"], out_dir / "cka_within_a.png", f"{title} within A",
+                          f"{title}A against B", name_a, name_b))
+  paths.append(plot_cka(sim["within_a"], out_dir / "cka_within_a.png", f"{title}A with itself",
                         name_a, name_a))
   if "within_b" in sim:
     paths.append(plot_cka(sim["within_b"], out_dir / "cka_within_b.png",
-                          f"{title} within B", name_b, name_b))
+                          f"{title}B with itself", name_b, name_b))
   return paths
 
 

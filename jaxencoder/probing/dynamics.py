@@ -111,8 +111,10 @@ def _probe_step(cfg, params, tokenizer, dataset, options, extractor, out_dir) ->
 
 def _plots(entries: list[dict], rep: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
   majority = rep["probes"]["linear"]["majority_baseline"]
-  return [plot_steps_heatmap(entries, out_dir / "probe_steps_heatmap.png"),
-          plot_steps_curves(entries, out_dir / "probe_steps_curves.png", majority)]
+  context = probe_report.context(rep)
+  return [plot_steps_heatmap(entries, out_dir / "probe_steps_heatmap.png", context=context),
+          plot_steps_curves(entries, out_dir / "probe_steps_curves.png", majority,
+                            context=context)]
 
 
 def _grid(entries: Sequence[Mapping], key: str) -> np.ndarray | None:
@@ -122,7 +124,7 @@ def _grid(entries: Sequence[Mapping], key: str) -> np.ndarray | None:
   return np.array([[row[key] for row in e["layers"]] for e in entries], float).T
 
 
-def plot_steps_heatmap(entries: Sequence[Mapping], path):
+def plot_steps_heatmap(entries: Sequence[Mapping], path, *, context: str = ""):
   """Layer x step heat maps of probe accuracy (and selectivity, given a control task)."""
   panels = [(k, g) for k in ("accuracy", "selectivity")
             if (g := _grid(entries, k)) is not None]
@@ -137,14 +139,16 @@ def plot_steps_heatmap(entries: Sequence[Mapping], path):
       for i, j in np.ndindex(grid_NxS.shape):  # dark text on the bright (high) cells
         ax.text(j, i, f"{grid_NxS[i, j]:.2f}", ha="center", va="center", fontsize=6,
                 color="k" if grid_NxS[i, j] > middle else "w")
-    ax.set(xlabel="training step", title=f"probe {key}", xticks=range(s), yticks=range(n))
+    ax.set(xlabel="training step", title=f"probe {key}" + (f"\n{context}" if context else ""),
+           xticks=range(s), yticks=range(n))
     ax.set_xticklabels([str(t) for t in steps], rotation=90 if s > 8 else 0)
     fig.colorbar(image, ax=ax)
-  axes[0][0].set_ylabel("layer (0 = embeddings)")
+  axes[0][0].set_ylabel(probe_report.LAYER_AXIS)
   return probe_report.save_figure(fig, path)
 
 
-def plot_steps_curves(entries: Sequence[Mapping], path, majority: float | None = None):
+def plot_steps_curves(entries: Sequence[Mapping], path, majority: float | None = None, *,
+                      context: str = ""):
   """Probe accuracy (and selectivity) against the training step, one line per layer."""
   panels = [(k, g) for k in ("accuracy", "selectivity")
             if (g := _grid(entries, k)) is not None]
@@ -159,7 +163,8 @@ def plot_steps_curves(entries: Sequence[Mapping], path, majority: float | None =
       ax.set_xticks(steps)
     else:
       ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="training step", ylabel=key, title=f"probe {key} by step")
+    ax.set(xlabel="training step", ylabel=key,
+           title=f"probe {key} by step" + (f"\n{context}" if context else ""))
   handles, labels = axes[0][0].get_legend_handles_labels()  # the majority line too
   axes[0][-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                      borderaxespad=0.0)

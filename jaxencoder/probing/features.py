@@ -36,6 +36,7 @@ class Dataset:
   level: str  # "word" | "sentence"
   sentences: list  # word: list of word lists; sentence: list of texts
   labels: list  # word: list of tag lists; sentence: list of labels
+  origin: str = ""  # the file or directory read (plot titles name it)
 
 
 @dataclasses.dataclass
@@ -50,17 +51,45 @@ class Features:
   info: dict  # buckets, compiles, dropped (truncated) words …
 
 
+SENTENCE_SUFFIXES = (".csv", ".tsv")  # text,label rows
+WORD_SUFFIXES = (".txt", ".conllu")  # word/TAG lines, CoNLL-U
+ACCEPTED = "word/TAG .txt, .conllu, or .csv/.tsv text,label files"
+
+
 def read_dataset(path, *, max_sentences: int | None = None,
                  columns: readers.Columns | None = None) -> Dataset:
   """`.csv`/`.tsv` → sentence labels (columns by header name, see readers.Columns);
-  anything else (`word/TAG`, `.conllu`) → word tags."""
+  anything else (`word/TAG`, `.conllu`) → word tags. A directory: its files of one kind
+  (*.txt and *.conllu, or *.csv and *.tsv), in name order, as one data set."""
   path = pathlib.Path(path)
-  if path.suffix.lower() in (".csv", ".tsv"):
-    rows = list(readers.read_classification(path, columns=columns or readers.Columns()))
-    rows = rows[:max_sentences]
-    return Dataset("sentence", [r["text"] for r in rows], [r["label"] for r in rows])
-  rows = list(readers.read_tagged(path))[:max_sentences]
-  return Dataset("word", [r["words"] for r in rows], [r["tags"] for r in rows])
+  files = data_files(path) if path.is_dir() else [path]
+  level = "sentence" if files[0].suffix.lower() in SENTENCE_SUFFIXES else "word"
+  sentences, labels = [], []
+  for file in files:
+    if level == "sentence":
+      rows = readers.read_classification(file, columns=columns or readers.Columns())
+      pairs = ((r["text"], r["label"]) for r in rows)
+    else:
+      pairs = ((r["words"], r["tags"]) for r in readers.read_tagged(file))
+    for sentence, label in pairs:
+      if max_sentences is not None and len(sentences) >= max_sentences:
+        break
+      sentences.append(sentence)
+      labels.append(label)
+  return Dataset(level, sentences, labels, str(path))
+
+
+def data_files(directory: pathlib.Path) -> list[pathlib.Path]:
+  """The data files of a --data directory (one kind: word tags or sentence labels)."""
+  files = sorted(f for f in directory.iterdir() if f.is_file()
+                 and f.suffix.lower() in WORD_SUFFIXES + SENTENCE_SUFFIXES)
+  kinds = {f.suffix.lower() in SENTENCE_SUFFIXES for f in files}
+  if not files:
+    raise ValueError(f"--data {directory}: a directory needs {ACCEPTED} (none found)")
+  if len(kinds) > 1:
+    raise ValueError(f"--data {directory}: mixes word tags (.txt/.conllu) and sentence "
+                     "labels (.csv/.tsv); keep one kind per directory")
+  return files
 
 
 def length_buckets(max_length: int, smallest: int = 16) -> tuple[int, ...]:

@@ -56,8 +56,8 @@ def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset,
           "sentences": int(len(chosen)), "items": int(sum(b["count"] for b in batches)),
           "base_loss": base_loss, "base_accuracy": base_accuracy,
           "importance": importance_NxH.tolist(), "gradient_importance": gradient_NxH.tolist(),
-          "most_important": [{"layer": n, "head": h, "importance": float(importance_NxH[n, h])}
-                             for n, h in order[:5]],
+          "most_important": [{"layer": n + 1, "head": h,  # layer 0 = embeddings, heads from 0
+                              "importance": float(importance_NxH[n, h])} for n, h in order[:5]],
           "pruning": curve}
 
 

@@ -85,3 +85,14 @@ def training_health(records: Sequence[Mapping], t: HealthThresholds = HealthThre
 
 def workdir_health(workdir, t: HealthThresholds = HealthThresholds()) -> dict:
   return training_health(read_metrics(workdir), t)
+
+
+def verdict_line(report: Mapping) -> str:
+  """One line for the CLI summary: the verdict and the losses behind it."""
+  if "verdict" not in report:
+    return f"training health: unknown ({report.get('error', 'no verdict')})"
+  line = (f"training health: {report['verdict']} (train loss {report['start_loss']:.3f} -> "
+          f"{report['end_loss']:.3f}")
+  if "eval_last_loss" in report:
+    line += f", eval loss {report['eval_last_loss']:.3f}, gap {report['gap']:+.1%}"
+  return line + ")"

@@ -9,9 +9,11 @@ Takes `(cfg, params, tokenizer)` directly, so any checkpoint source works; an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import pathlib
+import tempfile
 import time
 
 import numpy as np
@@ -29,7 +31,8 @@ class StudyOptions:
   pool: str | None = None  # see features.extract
   batch_size: int = 32
   max_length: int = 128
-  stream: bool = False  # per-layer memmaps under out_dir/features
+  stream: bool = True  # per-layer .npy memmaps on disk (False: every layer in memory)
+  keep_features: bool = False  # streamed ones stay in out_dir/features (else: deleted)
   probe: probes.ProbeConfig = probes.ProbeConfig()
   mlp: bool = False  # also an MLP probe per layer
   control: bool = True  # control task + selectivity (word level only)
@@ -54,10 +57,30 @@ def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, ou
                      f"(train, dev and test splits need at least {probes.MIN_SENTENCES})")
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
+  with feature_dir(out_dir, options) as features_at:
+    return _study(cfg, params, tokenizer, dataset, out_dir, options, features_at,
+                  workdir=workdir, source=source)
+
+
+def feature_dir(out_dir: pathlib.Path, options: StudyOptions):
+  """Where streamed features go: out_dir/features (kept), a scratch folder under out_dir
+  (deleted when the study ends), or None (in memory)."""
+  if not options.stream:
+    return contextlib.nullcontext(None)
+  if options.keep_features:
+    return contextlib.nullcontext(out_dir / "features")
+  return tempfile.TemporaryDirectory(dir=out_dir, prefix=".features-")
+
+
+def _study(cfg, params, tokenizer, dataset, out_dir: pathlib.Path, options: StudyOptions,
+           features_at, *, workdir, source: str) -> dict:
+  """`run` once the features' place is settled."""
+  is_image = dataset.level == "image"
   started = time.time()
-  feats = _extract(cfg, params, tokenizer, dataset, options,
-                   out_dir / "features" if options.stream else None)
-  rep = {"source": source, "model": model_summary(cfg), "data": feats.info,
+  feats = _extract(cfg, params, tokenizer, dataset, options, features_at)
+  rep = {"source": source, "data_source": getattr(dataset, "origin", ""),
+         "task": task_name(feats), "layer_convention": LAYER_CONVENTION,
+         "model": model_summary(cfg), "data": feats.info,
          "input": {"kind": dataset.level if is_image else "text", "pool": feats.info["pool"],
                    "normalisation": feats.info.get("normalisation")},
          "tokenizer": None if is_image else _tokenizer_summary(tokenizer, feats.info),
@@ -87,6 +110,18 @@ def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, ou
   rep["seconds"] = time.time() - started
   probe_report.write_json(rep, out_dir / "report.json")
   return rep
+
+
+LAYER_CONVENTION = {
+    "layer": "0 = embeddings; i = transformer block i (1..N)",
+    "head": "0-based (0..H-1)",
+    "matrices": "attention and heads [N][H] lists: row r is layer r + 1, column h head h"}
+
+
+def task_name(feats: features_lib.Features) -> str:
+  """What the probes predict, e.g. 'word tags (12 labels)'."""
+  kind = {"word": "word tags", "sentence": "sentence labels", "image": "image labels"}
+  return f"{kind[feats.info['level']]} ({len(feats.label_names)} labels)"
 
 
 def _extract(cfg, params, tokenizer, dataset, options: StudyOptions, out_dir
@@ -159,34 +194,45 @@ def _majority(probe_results: dict, label_names: list[str]) -> dict:
 
 
 def _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options) -> list[str]:
+  """Every PNG of the study; each title names the model, the data and the task."""
+  context = probe_report.context(rep)
   paths = []
   for kind, result in rep["probes"].items():
     if kind == "mdl":
-      paths.append(probe_report.plot_mdl(result, out_dir / "probe_mdl.png"))
+      paths.append(probe_report.plot_mdl(result, out_dir / "probe_mdl.png", context=context))
       continue
     paths.append(probe_report.plot_probe_accuracy(result, out_dir / f"probe_{kind}.png",
-                                                  f"{kind} probe accuracy by layer"))
+                                                  f"{kind} probe accuracy by layer",
+                                                  context=context))
   if "heads" in rep:
     paths.append(probe_report.plot_head_heatmap(np.array(rep["heads"]["importance"]),
                                                 out_dir / "head_importance.png",
                                                 "loss increase when the head alone is dropped",
-                                                fmt=".3f"))
-    paths.append(probe_report.plot_pruning(rep["heads"]["pruning"], out_dir / "head_pruning.png"))
-  paths.append(probe_report.plot_cosine_by_layer(rep["representation"], out_dir / "cosine.png"))
+                                                fmt=".3f", context=context))
+    paths.append(probe_report.plot_pruning(rep["heads"]["pruning"], out_dir / "head_pruning.png",
+                                           context=context))
+  paths.append(probe_report.plot_cosine_by_layer(rep["representation"], out_dir / "cosine.png",
+                                                 context=context))
   if feats.attention is not None:
     paths.append(probe_report.plot_head_heatmap(feats.attention["entropy"],
-                                                out_dir / "attention_entropy.png"))
+                                                out_dir / "attention_entropy.png",
+                                                context=context))
   if feats.attention is not None and dataset.level != "image":
-    sentence = options.attention_sentence or dataset.sentences[0]
-    tokens, probs_NxHxTxT = features_lib.sentence_attention(cfg, params, tokenizer, sentence)
-    paths.append(probe_report.plot_attention_maps(tokens, probs_NxHxTxT,
-                                                  out_dir / "attention_maps.png"))
-    layer, head = np.unravel_index(np.argmin(feats.attention["entropy"]),
-                                   feats.attention["entropy"].shape)
-    paths.append(probe_report.plot_attention_map(
-        tokens, probs_NxHxTxT[layer, head], out_dir / "attention_head.png",
-        f"lowest-entropy head: layer {layer + 1}, head {head}"))
+    paths += _attention_plots(cfg, params, tokenizer, dataset, feats, out_dir, options, context)
   return [str(p) for p in paths]
+
+
+def _attention_plots(cfg, params, tokenizer, dataset, feats, out_dir, options, context):
+  """All heads' maps for one sentence, and the lowest-entropy head's alone."""
+  sentence = options.attention_sentence or dataset.sentences[0]
+  tokens, probs_NxHxTxT = features_lib.sentence_attention(cfg, params, tokenizer, sentence)
+  layer, head = np.unravel_index(np.argmin(feats.attention["entropy"]),
+                                 feats.attention["entropy"].shape)
+  return [probe_report.plot_attention_maps(tokens, probs_NxHxTxT,
+                                           out_dir / "attention_maps.png", context=context),
+          probe_report.plot_attention_map(
+              tokens, probs_NxHxTxT[layer, head], out_dir / "attention_head.png",
+              f"lowest-entropy head: layer {layer + 1}, head {head}", context=context)]
 
 
 def headline(rep: dict) -> str:
@@ -223,19 +269,22 @@ def summary(rep: dict) -> str:
                  f"  {health_n['effective_rank_centered']:7.1f}  {health_n['collapsed']}")
   lines.append(f"majority: always {rep['majority_baseline']['label']!r}, the most frequent "
                "training label, scored on the test split")
+  lines.append("layers: 0 = embeddings, i = transformer block i; heads count from 0")
   if mdl:
     lines.append("mdl_comp: uniform / online code length of the labels (1 = no information); "
                  "ctrl_comp: the same for the control task")
   if rep.get("heads"):
     study = rep["heads"]
-    top = ", ".join(f"layer {h['layer'] + 1} head {h['head']} (+{h['importance']:.3f})"
+    top = ", ".join(f"layer {h['layer']} head {h['head']} (+{h['importance']:.3f})"
                     for h in study["most_important"][:3])
     lines.append(f"heads ({study['sentences']} sentences, probe loss {study['base_loss']:.3f}, "
                  f"accuracy {study['base_accuracy']:.3f}): most important {top}")
   if rep.get("attention"):
-    lines.append("attention entropy (nats), layer x head:")
+    lines.append("attention entropy (nats), layer (1..N) x head (0..H-1):")
     lines += [f"{n + 1:5d}  " + " ".join(f"{v:.2f}" for v in row)
               for n, row in enumerate(rep["attention"]["entropy"])]
+  if rep.get("training_health"):
+    lines.append(health.verdict_line(rep["training_health"]))
   return "\n".join(lines)
 
 
