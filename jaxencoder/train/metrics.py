@@ -100,7 +100,7 @@ def throughput(step_seconds: float, tokens_per_step: int, examples_per_step: int
 
 
 def train_line(step: int, total: int, values: Mapping[str, float], metric: str = "") -> str:
-  """The one log line of a train interval (<= ~100 characters): step, loss, `metric` (the
+  """The one log line of a train interval (under 120 characters): step, loss, `metric` (the
   task's best_metric, unless loss), learning rate, seconds per step (always that unit),
   the share of time spent waiting for input and the time left. metrics.jsonl and
   TensorBoard hold every value."""
