@@ -123,3 +123,15 @@ def test_a_run_failing_before_its_first_checkpoint_removes_only_the_directory_it
     assert (workdir / "notes.txt").read_text() == "mine"
   else:
     assert list(tmp_path.iterdir()) == []  # runs/ too: the command made it
+
+
+@pytest.mark.slow
+def test_a_finished_run_rerun_with_another_model_is_refused_not_done(config_file, tmp_path):
+  from jaxencoder.train import resume
+  from jaxencoder.train.config_file import load_config
+  workdir = tmp_path / "run"
+  config = load_config(str(config_file))
+  loop.train_and_evaluate(config, workdir)
+  config.model.num_heads = 2
+  with pytest.raises(resume.ConfigChangedError, match=r"model.num_heads: 4 -> 2"):
+    loop.train_and_evaluate(config, workdir)

@@ -300,6 +300,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     run_dir = RunDir(workdir)
     done = finished.done_line(config, run_dir)
     if done is not None:  # a rerun of a finished run: nothing compiled or evaluated
+      check_before_restoring(run_dir, config, run_dir.steps())  # a changed model: refused
       log.info("%s", done)
       return finished.recorded_metrics(run_dir, run_dir.latest_step())
     return _train_and_test(config, workdir, started)
