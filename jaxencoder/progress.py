@@ -27,14 +27,28 @@ def _style(enabled: bool, stream) -> str:
   if forced in ("bar", "lines", "off"):
     return forced
   isatty = getattr(stream, "isatty", None)
-  return "bar" if isatty is not None and isatty() else "lines"
+  if isatty is None or not isatty():
+    return "lines"
+  return "lines" if _no_width(stream) else "bar"
 
 
-def _rate(n: float, seconds: float, unit: str) -> str:
+def _no_width(stream) -> bool:
+  """A terminal with no width to draw a bar in (COLUMNS=0, or a pty that reports 0
+  columns, as some containers and CI runners do): tqdm would show nothing there."""
+  if os.environ.get("COLUMNS", "").strip() == "0":
+    return True
+  try:
+    return os.get_terminal_size(stream.fileno()).columns < 2  # tqdm draws in columns - 1
+  except (AttributeError, OSError, ValueError):  # no descriptor: a stream tqdm sizes as wide
+    return False
+
+
+def _rate(n: float, seconds: float, unit: str, seconds_per_item: bool = False) -> str:
+  """items/s, or s/item when slower than one a second (or always, `seconds_per_item`)."""
   if n <= 0 or seconds <= 0:
-    return f"- {unit}/s"
+    return f"- s/{unit}" if seconds_per_item else f"- {unit}/s"
   per_s = n / seconds
-  if per_s < 1:
+  if per_s < 1 or seconds_per_item:
     return f"{1 / per_s:.3g} s/{unit}"
   return f"{per_s:.3g} {unit}/s" if per_s < 1000 else f"{per_s:,.0f} {unit}/s"
 
@@ -49,12 +63,18 @@ class Progress:
   """Counts finished items of a phase (`update(n)`), shows rate and time left from them."""
 
   def __init__(self, total: int | None, desc: str, *, unit: str = "it", initial: int = 0,
-               every: int | None = None, enabled: bool = True, stream=None):
+               every: int | None = None, enabled: bool = True, stream=None,
+               lines: bool = True, seconds_per_item: bool = False):
+    """`lines` False: no plain lines (a caller that logs its own line per interval).
+    `seconds_per_item`: the rate always in s/`unit` (never flipping to `unit`/s)."""
     self.total, self.desc, self.unit = total, desc, unit
+    self._seconds_per_item = seconds_per_item
     self.n, self._start_n = initial, initial
     self._printed_n = initial  # the count of the last plain line (none yet: initial)
     self._stream = stream if stream is not None else sys.stderr
     self.style = _style(enabled, self._stream)
+    if self.style == "lines" and not lines:
+      self.style = "off"
     self._every = every or max(1, (total or 0) // 10) or 1
     self._next_line = initial + self._every
     self._started = time.perf_counter()
@@ -68,7 +88,7 @@ class Progress:
       from tqdm.contrib.logging import logging_redirect_tqdm
       self._tqdm = tqdm.tqdm(total=total, initial=initial, desc=desc, unit=unit,
                              dynamic_ncols=True, file=self._stream,
-                             unit_scale=unit == "B")
+                             unit_scale=unit == "B", bar_format=_bar_format(seconds_per_item))
       # Log records print above the bar, not after it (which leaves a stale copy of the
       # bar in the terminal at every record).
       self._logs.enter_context(logging_redirect_tqdm())
@@ -101,7 +121,8 @@ class Progress:
     """`desc: n/total items, rate, elapsed [, left]`, the plain line."""
     done, elapsed = self.n - self._start_n, self.elapsed()
     count = f"{self.n}/{self.total}" if self.total is not None else f"{self.n}"
-    parts = [f"{self.desc}: {count} {self.unit}", _rate(done, elapsed, self.unit),
+    parts = [f"{self.desc}: {count} {self.unit}",
+             _rate(done, elapsed, self.unit, self._seconds_per_item),
              f"{_clock(elapsed)} elapsed"]
     if self.total is not None and 0 < done and self.n < self.total:
       parts.append(f"{_clock(elapsed / done * (self.total - self.n))} left")
@@ -122,6 +143,13 @@ class Progress:
       self._tqdm.close()
     elif self.style == "lines" and self.n != self._printed_n:  # not the same line twice
       self._line()
+
+
+def _bar_format(seconds_per_item: bool) -> str | None:
+  """tqdm's default layout, with its s/unit rate where that is the one unit."""
+  if not seconds_per_item:
+    return None
+  return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_inv_fmt}{postfix}]"
 
 
 def bar(total: int | None, desc: str, **kwargs) -> Progress:

@@ -347,3 +347,58 @@ def test_the_largest_batch_search_lands_within_a_64th_of_the_limit(monkeypatch, 
   limit = int((hbm - state) / per_row) // unit * unit
   assert largest <= limit and limit - largest <= max(unit, limit // 64)
   assert len(tried) <= 5
+
+
+def wide_result() -> dict:
+  """A report as compile_config returns it, with the long values a big model has."""
+  def step(batch):
+    return {"compiled": True, "batch_size": batch, "compile_seconds": 151.2, "fits": True,
+            "error": None, "out_of_memory": False,
+            "memory_per_chip": {"argument_bytes": 3.1 * GIB, "output_bytes": 3.0 * GIB,
+                                "alias_bytes": 3.0 * GIB, "temp_bytes": 7.9 * GIB,
+                                "total_bytes": 11.2 * GIB},
+            "flops": 1.2e15, "flops_per_chip": 1.5e14,
+            "collectives": {k: {"count": 123, "bytes": 1.5 * GIB} for k in hlo.COLLECTIVES},
+            "kernels": {f"tpu_custom_call_splash_mha_fwd_residuals_{i}": 12 for i in range(6)},
+            "attention": {"impl": "xla", "layers_on_kernel": 0, "num_layers": 12,
+                          "fallbacks": [{"layers": "0-11", "kernel": "splash",
+                                         "reason": "attention dropout is on (the kernel has "
+                                                   "none: set model.attention_dropout_rate=0)"}]}}
+  return {"config": "configs/mlm_bert_base.py", "topology": "v5e-8",
+          "target": {"chip": "v5e", "platform": "tpu", "chips": 8, "hosts": 1, "slices": 1,
+                     "topology_name": "v5e:2x4", "hbm_bytes_per_chip": 16 * GIB,
+                     "device_kind": "TPU v5 lite"},
+          "mesh": {"data": 1, "fsdp": 8, "tensor": 1}, "params": 110e6, "seq_len": 512,
+          "task": "mlm", "dtype": "bfloat16", "scan_layers": True, "remat_policy": "full",
+          "attention_impl": "auto", "steps": {"train": step(256), "eval": step(256)},
+          "verdict": "fits: 11.20 GiB per chip of 16 GiB (v5e)", "seconds": 474.0}
+
+
+def test_the_report_table_fits_100_columns_and_points_at_json_for_the_rest():
+  from jaxencoder.aot.compile_report import format_report
+  lines = format_report(wide_result()).splitlines()
+  assert max(map(len, lines)) <= 100, max(lines, key=len)
+  assert any(line.startswith("compiled ") and "yes, 151.2 s" in line for line in lines)
+  assert any(line.startswith("kernels ") and line.endswith("...") for line in lines)
+  assert any("--json" in line for line in lines)
+
+
+def test_each_compiled_step_says_when_it_starts_and_how_long_it_took(monkeypatch, caplog):
+  from jaxencoder.aot import compile_report
+  from jaxencoder.aot import compiled as compiled_lib
+  monkeypatch.setattr(compiled_lib, "build", lambda *args, **kwargs: None)
+  monkeypatch.setattr(compiled_lib, "compile_step", lambda built, name, batch, group=None:
+                      compiled_lib.StepReport(name, batch, False, 151.2, "refused"))
+  with caplog.at_level(logging.INFO, logger="jaxencoder"), pytest.raises(AttributeError):
+    # the lines around each compile are checked; the report of no build cannot follow
+    compile_report._compile_config(small_config(), parse_target("v5e-8"), [], ["train"],
+                                   False, None, 0.0)
+  assert [r.getMessage() for r in caplog.records] == [
+      "compiling the train step for v5e-8 (batch 32)...",
+      "failed to compile the train step for v5e-8 in 2 min 31 s"]
+
+
+def test_durations_read_in_minutes_past_one():
+  from jaxencoder.aot.compile_report import duration
+  assert [duration(s) for s in (12.34, 59.9, 151.2, 474.0)] == [
+      "12.3 s", "59.9 s", "2 min 31 s", "7 min 54 s"]

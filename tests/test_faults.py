@@ -138,7 +138,7 @@ def test_sigint_also_stops_with_a_checkpoint(corpus, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_train_py_sigterm_after_a_log_line_exits_75_with_the_saved_step(corpus, tmp_path):
   """The reported case: eval every 10 steps, checkpoints every 1000, SIGTERM right after
-  the step-10 train log line."""
+  the step-10 train log line (`step 10/100000: loss ...`)."""
   root, source, vocab = corpus
   overrides = {"data.source": source, "data.data_dir": root, "data.tokenizer": vocab,
                "data.seq_len": 16, "model.num_layers": 1, "model.emb_dim": 32,
@@ -153,7 +153,7 @@ def test_train_py_sigterm_after_a_log_line_exits_75_with_the_saved_step(corpus, 
   try:
     for line in proc.stderr:
       lines.append(line)
-      if "step 10 train" in line:
+      if "step 10/100000:" in line:
         proc.send_signal(signal.SIGTERM)
         break
     rest = proc.communicate(timeout=180)[1]

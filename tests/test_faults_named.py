@@ -331,7 +331,7 @@ def test_train_py_full_disk_is_one_line_and_exit_75(tmp_path, corpus, size, dura
   disk = tmp_path / "disk"
   disk.mkdir()
   mount = (f'mount -t tmpfs -o size={size} tmpfs {disk} && "$@"; code=$?; '
-           f'ls {disk}/run/checkpoints; exit $code')  # what is left, before it unmounts
+           f'ls {disk}/run/checkpoints 2>/dev/null || echo no run dir; exit $code')  # what is left
   result = train_py(disk / "run", prefix=("unshare", "-m", "sh", "-c", mount, "sh"),
                     **corpus, **{**TINY, "num_train_steps": 200})
   line = one_error_line(result, 75)
@@ -340,6 +340,8 @@ def test_train_py_full_disk_is_one_line_and_exit_75(tmp_path, corpus, size, dura
   assert match and bool(match[3]) == durable, line
   steps = sorted(int(name) for name in result.stdout.split() if name.isdigit())
   assert steps[-1:] == ([int(match[3])] if match[3] else [])  # the durable step is listed
+  # Failed before its first checkpoint: the run directory it made is gone (space freed).
+  assert ("no run dir" in result.stdout) == (not durable)
   # No traceback: the run's own INFO lines (a step and a save every 5 steps) grow with how
   # many saves fit before the disk fills, which depends on when old ones are deleted.
   noise = [l for l in result.stderr.splitlines() if " INFO " not in l]

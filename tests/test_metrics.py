@@ -110,3 +110,16 @@ def test_best_checkpoint_direction_follows_the_metric(task, metric, mode):
   """Each task's family says which of its metrics are minimised (best_metric's ranking)."""
   from jaxencoder.tasks import registry
   assert registry.family_of(task).metric_mode(metric) == mode
+
+
+def test_a_train_interval_is_one_short_line_in_seconds_per_step():
+  values = {"loss": 2.34567, "accuracy": 0.51234, "learning_rate": 1e-3, "step_time_s": 0.25,
+            "input_wait_fraction": 0.034, "grad_norm": 1.5, "tokens_per_s": 8192.0,
+            "examples_per_s": 64.0, "flops_per_step": 8e12, "achieved_flops_per_s": 16e12}
+  line = metrics.train_line(200, 1000, values, "accuracy")
+  assert line == ("step 200/1000: loss 2.346, accuracy 0.5123, lr 1.00e-03, 0.25 s/step, "
+                  "input wait 3%, 03:20 left")  # 800 steps x 0.25 s
+  fast = metrics.train_line(1000, 1000, {**values, "step_time_s": 0.004}, "loss")
+  assert fast == "step 1000/1000: loss 2.346, lr 1.00e-03, 0.004 s/step, input wait 3%"
+  slow = metrics.train_line(1, 10**6, {**values, "step_time_s": 123.0}, "accuracy")
+  assert "123 s/step" in slow and len(slow) <= 120

@@ -89,3 +89,20 @@ def test_plot_metrics_writes_a_png_per_figure(tmp_path):
   assert [p.name for p in paths] == ["loss.png", "learning_rate.png", "grad_norm.png",
                                      "tokens_per_s.png"]
   assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+
+
+def test_a_metric_zero_at_every_step_gets_no_plot_and_is_named(tmp_path, capsys):
+  records = train_rows([1, 2]) + [
+      {"step": 2, "split": "eval", "time": 0.0, "loss": 0.9, "dropped_predictions": 0.0,
+       "accuracy": 0.0},
+      {"step": 4, "split": "eval", "time": 0.0, "loss": 0.8, "dropped_predictions": 0.0,
+       "accuracy": 0.25}]  # 0 once, then not: plotted
+  assert plots.never_nonzero(records) == ["dropped_predictions"]
+  assert list(plots.figures(records, CONFIG)) == ["loss", "accuracy", "learning_rate",
+                                                  "grad_norm", "tokens_per_s"]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  plots.main([str(tmp_path)])
+  out = capsys.readouterr().out.splitlines()
+  assert out[-1] == "skipped (0 at every step): dropped_predictions"
+  assert not (tmp_path / "plots" / "dropped_predictions.png").exists()
+  assert (tmp_path / "plots" / "accuracy.png").exists()

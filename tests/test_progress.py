@@ -124,3 +124,61 @@ def test_a_phase_on_a_terminal_clears_its_line_before_a_log_record(monkeypatch):
   assert text.startswith("initialising the model state...\r\x1b[Ka record\n\r"
                          "initialising the model state: ")
   assert not handler.filters  # the phase's filter left with it
+
+
+class Terminal(io.StringIO):
+  """A stream that says it is a terminal, `columns` wide."""
+
+  def __init__(self, columns: int):
+    super().__init__()
+    self.columns = columns
+
+  def isatty(self) -> bool:
+    return True
+
+  def fileno(self) -> int:
+    return 99
+
+
+def terminal_of(monkeypatch, columns: int) -> Terminal:
+  stream = Terminal(columns)
+  monkeypatch.setattr(progress.os, "get_terminal_size",
+                      lambda fd: __import__("os").terminal_size((stream.columns, 24)))
+  return stream
+
+
+def test_a_zero_width_terminal_gets_plain_lines_not_an_invisible_bar(clock, monkeypatch):
+  monkeypatch.delenv("COLUMNS", raising=False)
+  out = terminal_of(monkeypatch, 0)
+  with progress.bar(4, "train", unit="step", every=2, stream=out) as bar:
+    assert bar.style == "lines"
+    steps(bar, clock, 4)
+  assert out.getvalue().splitlines() == [
+      "train: 2/4 step, 2 step/s, 00:01 elapsed, 00:01 left",
+      "train: 4/4 step, 2 step/s, 00:02 elapsed"]
+
+
+def test_columns_zero_gets_plain_lines_and_a_wide_terminal_its_bar(clock, monkeypatch):
+  out = terminal_of(monkeypatch, 80)
+  monkeypatch.setenv("COLUMNS", "0")
+  assert progress.bar(4, "train", stream=out, every=2).style == "lines"
+  monkeypatch.delenv("COLUMNS")
+  wide = progress.bar(4, "train", stream=out, every=2)
+  assert wide.style == "bar"
+  wide.close()
+
+
+def test_seconds_per_item_is_the_one_unit_however_fast(clock):
+  out = io.StringIO()
+  with progress.bar(4, "train", unit="step", every=2, stream=out,
+                    seconds_per_item=True) as bar:
+    steps(bar, clock, 4, seconds_each=0.25)
+  assert [line.split(", ")[1] for line in out.getvalue().splitlines()] == [
+      "0.25 s/step", "0.25 s/step"]
+
+
+def test_a_bar_without_lines_counts_but_prints_none(clock):
+  out = io.StringIO()
+  with progress.bar(4, "train", every=1, stream=out, lines=False) as bar:
+    steps(bar, clock, 4)
+  assert bar.n == 4 and out.getvalue() == ""

@@ -189,6 +189,15 @@ def test_epochs_stop_early_and_the_best_checkpoint_is_evaluated_at_the_end(
   assert "num_train_epochs=2: 12 steps (48 train examples x 2 / 8 rows a step" in said
   assert "early stopping at step 8 of 12: eval loss has not improved on 0.5 (step 4)" in said
   assert "load_best_at_end: step 4, best on eval loss (0.5)" in said
+  # A rerun: done, says why, nothing set up, evaluated or written; the metrics it returned
+  from jaxencoder.train import loop
+  written = (run / "metrics.jsonl").read_bytes()
+  monkeypatch.setattr(loop, "setup", lambda *args, **kwargs: pytest.fail("set up again"))
+  caplog.clear()
+  with caplog.at_level("INFO", logger="jaxencoder"):
+    assert train_and_evaluate(classify_config(*reviews), run) == metrics
+  assert f"{run} is done at step 8 of 12, stopped early: eval loss has not improved" in caplog.text
+  assert (run / "metrics.jsonl").read_bytes() == written
 
 
 @pytest.mark.slow

@@ -167,14 +167,28 @@ def test_a_run_in_a_log_file_tells_its_phases_and_each_log_every_once(corpus, tm
                   "train", "train", "train"]
   assert [line.split(",")[0] for line in err if line.startswith("train")] == [
       "train: 2/6 step", "train: 4/6 step", "train: 6/6 step"]
-  loop.train_and_evaluate(config, tmp_path)  # finished: restores, compiles, evaluates
-  err = capsys.readouterr().err.splitlines()
-  assert [line.split(":")[0] for line in err] == [
-      "restoring step 6...", "restoring step 6", "compiling the train step...",
-      "compiling the train step"]
+  loop.train_and_evaluate(config, tmp_path)  # finished: says so (a log record), nothing else
+  assert capsys.readouterr().err == ""
   caplog.clear()  # the records of this call only (the resume above logs "resumed from")
   with caplog.at_level(logging.INFO, logger="jaxencoder"):
     loop.evaluate_run(None, tmp_path)
   said = [r.getMessage() for r in caplog.records]
   assert any(m.startswith("evaluating step 6 ") for m in said)
   assert not any("resumed from" in m for m in said)
+
+
+@pytest.mark.slow
+def test_a_logged_run_has_one_short_line_per_interval(corpus, tmp_path, capsys, caplog,
+                                                      monkeypatch):
+  """With INFO shown (the CLI), the log record is the interval's line: no bar line too."""
+  monkeypatch.setenv("JAXENCODER_PROGRESS", "lines")
+  root, source, vocab = corpus
+  config = th.tiny_config(root, source, vocab)
+  config.progress_bar, config.log_every = True, 2
+  with caplog.at_level(logging.INFO, logger="jaxencoder"):
+    loop.train_and_evaluate(config, tmp_path)
+  assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("train")]
+  said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+  intervals = [m for m in said if " eval " not in m]
+  assert [m.split(":")[0] for m in intervals] == ["step 2/6", "step 4/6", "step 6/6"]
+  assert all(len(m) <= 120 and " s/step" in m and "flops" not in m for m in intervals)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import textwrap
 import time
 
 import jax
@@ -85,6 +86,8 @@ def _compile_config(config, target, devices, steps, max_batch, group, started) -
     batch = config.batch_size if name == "train" else config.eval_batch_size
     log.info("compiling the %s step for %s (batch %d)...", name, target.name, batch)
     reports[name] = compiled_lib.compile_step(built, name, batch, group=group)
+    log.info("%s the %s step for %s in %s", "compiled" if reports[name].compiled else
+             "failed to compile", name, target.name, duration(reports[name].compile_seconds))
   mesh = dict(built.mesh.shape)
   result = {
       "topology": target.name,
@@ -114,6 +117,14 @@ def _compile_config(config, target, devices, steps, max_batch, group, started) -
   result["verdict"] = verdict(result)
   result["seconds"] = round(time.perf_counter() - started, 1)
   return result
+
+
+def duration(seconds: float) -> str:
+  """'2 min 31 s', '12.3 s'."""
+  if seconds < 60:
+    return f"{seconds:.1f} s"
+  minutes, rest = divmod(int(round(seconds)), 60)
+  return f"{minutes} min {rest} s"
 
 
 def verdict(result: dict) -> str:
@@ -199,11 +210,28 @@ def format_report(result: dict) -> str:
     row(kind, lambda s, k=kind: _count_bytes(s["collectives"][k]) if s["compiled"] else "-")
   row("kernels", lambda s: ", ".join(f"{k} {v}" for k, v in sorted(s["kernels"].items()))
       or "none" if s["compiled"] else "-")
-  width = max(len(label) for label, _ in rows)
-  cols = [max(len(r[1][i]) for r in rows) for i in range(len(names))]
-  for label, cells in rows:
-    lines.append(f"{label:<{width}}  " + "  ".join(f"{c:<{w}}" for c, w in zip(cells, cols)))
-  lines += attention_lines(result)
-  lines.append("collective bytes: per chip per step, the larger of each op's operand and result")
-  lines.append(result["verdict"] + f"  [{result['seconds']:.0f} s]")
+  lines = [*map(_wrapped, lines), *_table(rows, len(names))]
+  lines += map(_wrapped, attention_lines(result))
+  lines.append("collective bytes: per chip per step (the larger of operand and result); "
+               "every value: --json")
+  lines.append(_wrapped(result["verdict"] + f"  [{result['seconds']:.0f} s]"))
   return "\n".join(lines)
+
+
+COLUMNS = 100  # the report's width
+
+
+def _wrapped(line: str) -> str:
+  """`line` in COLUMNS, its continuation lines indented."""
+  return textwrap.fill(line, COLUMNS, subsequent_indent="    ", break_on_hyphens=False)
+
+
+def _table(rows: list[tuple[str, list[str]]], num_cols: int) -> list[str]:
+  """Rows of label + cells in COLUMNS: a cell too wide for its share ends in '...'."""
+  width = max(len(label) for label, _ in rows)
+  share = (COLUMNS - width - 2) // num_cols - 2
+  clip = lambda c: c if len(c) <= share else c[:share - 3] + "..."  # noqa: E731
+  cells = [[clip(c) for c in row] for _, row in rows]
+  cols = [max(len(r[i]) for r in cells) for i in range(num_cols)]
+  return [(f"{label:<{width}}  " + "  ".join(f"{c:<{w}}" for c, w in zip(row, cols))).rstrip()
+          for (label, _), row in zip(rows, cells)]

@@ -62,6 +62,8 @@ def removed_if_left_empty(path: os.PathLike | str, *, enabled: bool = True) -> I
     yield
   except BaseException:
     for folder in made:  # innermost first; one that holds something stays, with its parents
+      if not folder.exists():  # removed inside the block
+        continue
       try:
         folder.rmdir()
       except OSError:

@@ -99,7 +99,7 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
   from jaxencoder.train.config import apply_overrides
   import jax
   from jaxencoder.io import paths
-  from jaxencoder.train import loop
+  from jaxencoder.train import finished, loop
   from jaxencoder.train.config_file import load_config
   from jaxencoder.train.preflight import check_before_writing, check_writable_workdir
   if args.config is None and not args.eval_only:
@@ -115,8 +115,10 @@ def run(args, overrides: list[str]) -> dict[str, float] | None:
     metrics = loop.evaluate_run(config, args.workdir)
   else:
     check_before_writing(config)
-    # a run refused before it wrote anything leaves no empty workdir behind
-    with paths.removed_if_left_empty(args.workdir, enabled=jax.process_index() == 0):
+    # a run refused or failed before its first checkpoint leaves no workdir behind
+    leader = jax.process_index() == 0
+    with paths.removed_if_left_empty(args.workdir, enabled=leader), \
+        finished.removed_if_unfinished(args.workdir, enabled=leader):
       check_writable_workdir(args.workdir)
       metrics = loop.train_and_evaluate(config, args.workdir)
   return metrics if jax.process_index() == 0 else None

@@ -22,7 +22,7 @@ from jaxencoder import progress
 from jaxencoder.model import lora
 from jaxencoder.data import kinds, packing
 from jaxencoder.model.encoder import ENCODER
-from jaxencoder.train import distributed, provenance
+from jaxencoder.train import distributed, finished, provenance
 from jaxencoder.train.early_stopping import Patience, replayed
 from jaxencoder.train.compilation_cache import use_compilation_cache
 from jaxencoder.train import sharding as sharding_lib
@@ -33,7 +33,7 @@ from jaxencoder.io.run_dir import RunDir
 from jaxencoder.tasks.base import Task
 from jaxencoder.tasks.registry import task_from_config
 from jaxencoder.tokenizer import check_fits
-from jaxencoder.train.metrics import MetricWriter, throughput
+from jaxencoder.train.metrics import MetricWriter, throughput, train_line
 from jaxencoder.train.optim import make_optimizer, trainable_mask
 from jaxencoder.train.parallel import GradientOptions, make_stepper
 from jaxencoder.train.datasets import Pipelines, make_pipelines, tokenizer_path
@@ -294,7 +294,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   use_compilation_cache(config.compilation_cache_dir)
   lock = run_lock.hold(workdir, config.lock_timeout_s, leader=jax.process_index() == 0,
                        share=lambda refusal: distributed.gather_json(refusal)[0])
-  with lock, StopSignals() as signals:
+  # The lock is let go first: a run that failed before its first checkpoint leaves no
+  # directory behind (finished.removed_if_unfinished).
+  with finished.removed_if_unfinished(workdir, enabled=jax.process_index() == 0), lock:
+    run_dir = RunDir(workdir)
+    done = finished.done_line(config, run_dir)
+    if done is not None:  # a rerun of a finished run: nothing compiled or evaluated
+      check_before_restoring(run_dir, config, run_dir.steps())  # a changed model: refused
+      log.info("%s", done)
+      return finished.recorded_metrics(run_dir, run_dir.latest_step())
+    return _train_and_test(config, workdir, started)
+
+
+def _train_and_test(config: ml_collections.ConfigDict, workdir, started: float
+                    ) -> dict[str, float]:
+  """train_and_evaluate's run, under its lock."""
+  with StopSignals() as signals:
     run = setup(config, workdir)
     run.timings["setup_s"] = time.perf_counter() - started
     try:
@@ -434,9 +449,11 @@ def _train(run: Run, signals: StopSignals) -> dict[str, float]:
   start = int(run.state.step)
   run.patience = _patience(run, start)
   startup = _log_startup(run, stepper, resumed=start > 0)
-  # Counts finished steps; none on a rerun of a finished run (its final eval follows).
+  # Counts finished steps. A log file gets one line per interval: the log's own, or where
+  # INFO is not shown (a notebook), the bar's plain line.
   bar = progress.bar(config.num_train_steps, "train", unit="step", initial=start,
-                     every=config.log_every, enabled=shows and start < config.num_train_steps)
+                     every=config.log_every, enabled=shows and start < config.num_train_steps,
+                     lines=not log.isEnabledFor(logging.INFO), seconds_per_item=True)
   # A thread reads batches ahead; checkpoints record the position of the next unconsumed one.
   prefetched = run.train_iter = DevicePrefetch(run.train_iter, stepper.put)
   try:
@@ -601,7 +618,7 @@ def _log_train(run: Run, window, done: int, tick: float, batch, flops, bar,
   values["input_wait_fraction"] = input_wait_s / max(now - tick, 1e-9)
   run.writer.write(done, "train", values)
   bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['learning_rate']:.2e}")
-  log.info("step %d train %s", done, _fmt(values))
+  log.info("%s", train_line(done, run.config.num_train_steps, values, run.config.best_metric))
   return now
 
 

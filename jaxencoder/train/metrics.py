@@ -99,6 +99,29 @@ def throughput(step_seconds: float, tokens_per_step: int, examples_per_step: int
   return out
 
 
+def train_line(step: int, total: int, values: Mapping[str, float], metric: str = "") -> str:
+  """The one log line of a train interval (under 120 characters): step, loss, `metric` (the
+  task's best_metric, unless loss), learning rate, seconds per step (always that unit),
+  the share of time spent waiting for input and the time left. metrics.jsonl and
+  TensorBoard hold every value."""
+  seconds = values["step_time_s"]
+  parts = [f"loss {values['loss']:.4g}"]
+  if metric and metric != "loss" and metric in values:
+    parts.append(f"{metric} {values[metric]:.4g}")
+  parts += [f"lr {values['learning_rate']:.2e}", f"{seconds:.3g} s/step"]
+  if "input_wait_fraction" in values:
+    parts.append(f"input wait {values['input_wait_fraction']:.0%}")
+  if step < total:
+    parts.append(f"{_clock(seconds * (total - step))} left")
+  return f"step {step}/{total}: " + ", ".join(parts)
+
+
+def _clock(seconds: float) -> str:
+  """h:mm:ss, or mm:ss under an hour."""
+  h, rest = divmod(int(round(seconds)), 3600)
+  return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60:02d}:{rest % 60:02d}"
+
+
 def _summary_writer():
   """tensorboardX's SummaryWriter, imported without torch: tensorboardX imports torch
   whenever it is installed, only to accept torch tensors (we pass floats); that import

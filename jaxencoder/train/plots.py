@@ -24,7 +24,8 @@ SCHEDULE = "schedule"  # the label of the learning-rate line drawn from the conf
 
 
 def plot_metrics(run_path, out_dir) -> list[pathlib.Path]:
-  """Writes OUT/<metric>.png for each metric the run logged; returns the paths."""
+  """Writes OUT/<metric>.png for each metric the run logged (not one always 0); returns
+  the paths."""
   from jaxencoder.io.run_dir import read_metrics  # lazy: --help stays fast
   records = read_metrics(run_path)
   if not records:
@@ -61,6 +62,17 @@ def metric_names(records) -> list[str]:
   return names
 
 
+def never_nonzero(records) -> list[str]:
+  """The metrics of `metric_names` whose every logged value is 0 (e.g. an MLM run's
+  dropped_predictions): no plot, a flat line at 0 says nothing."""
+  names = []
+  for metric in metric_names(records):
+    values = [v for _, vs in series(records, metric).values() for v in vs]
+    if values and not any(values):
+      names.append(metric)
+  return names
+
+
 def series(records, metric: str) -> dict[str, tuple[list[int], list[float]]]:
   """split -> (steps, values) of the rows holding `metric`, by step."""
   out = {}
@@ -89,9 +101,10 @@ def figures(records, config: dict[str, Any], *, title: str = "") -> dict[str, An
   from matplotlib.figure import Figure
   from matplotlib.ticker import MaxNLocator
   out = {}
+  flat = never_nonzero(records)
   for metric in metric_names(records):
     points = series(records, metric)
-    if not points:
+    if not points or metric in flat:
       continue
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
@@ -124,6 +137,10 @@ def main(argv=None) -> None:
   out = args.out or pathlib.Path(args.run) / "plots"
   paths = cli.run_main(lambda: plot_metrics(args.run, out))
   print("wrote " + ", ".join(str(p) for p in paths))
+  from jaxencoder.io.run_dir import read_metrics  # lazy: --help stays fast
+  flat = never_nonzero(read_metrics(args.run))
+  if flat:
+    print(f"skipped (0 at every step): {', '.join(flat)}")
 
 
 if __name__ == "__main__":
