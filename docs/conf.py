@@ -20,7 +20,8 @@ extensions = [
 ]
 
 # Not pages: the build, the notebook cache, and colab/README.md seen through the notebooks link.
-exclude_patterns = ["_build", ".jupyter_cache", "notebooks/README.md"]
+exclude_patterns = ["_build", ".jupyter_cache", "notebooks/README.md",
+                    "results_table.md"]  # included by results.md
 
 # MyST: GitHub-style anchors for headings, so `training.md#cloud-storage` works on GitHub and here.
 myst_heading_anchors = 3
