@@ -163,10 +163,10 @@ def _span(mean: float, low: float, high: float, n: int) -> str:
   return f"{mean:.4f}" if n == 1 else f"{mean:.4f} ({low:.4f}-{high:.4f}, {n} seeds)"
 
 
-def table(results: list[Measured], note: str) -> str:
-  """The markdown table: config, metric, documented, measured, spread, verdict."""
-  lines = ["| config | metric | documented | measured | spread | verdict | wall time / seed |",
-           "|---|---|---|---|---|---|---|"]
+def table(results: list[Measured], note: str, when: str = "") -> str:
+  """The markdown table: config, metric, documented, measured, spread, verdict, wall time
+  and `when` (the date and load it was measured at)."""
+  lines = [HEADER, "|---|---|---|---|---|---|---|---|"]
   for m in results:
     n = len(m.values)
     documented = _span(*m.declared.documented(n), min(n, len(m.declared.values)))
@@ -175,8 +175,22 @@ def table(results: list[Measured], note: str) -> str:
     wall = f"{statistics.fmean(m.wall_s) / 60:.1f} min"
     shortened = "".join(f" `--config.{o}`" for o in m.declared.overrides)
     lines.append(f"| `{m.declared.name}.py`{shortened} | {m.declared.metric} | {documented} | "
-                 f"{measured} | ±{m.declared.spread:g} | {verdict} | {wall} |")
+                 f"{measured} | ±{m.declared.spread:g} | {verdict} | {wall} | {when} |")
   return "\n".join(lines) + f"\n\n{note}\n"
+
+
+HEADER = "| config | metric | documented | measured | spread | verdict | wall time / seed | measured on |"
+
+
+def merged(old: str, new: str) -> str:
+  """`new`'s table with the rows of `old` for configs `new` did not run (a subset run
+  updates its rows and keeps the others, each with its own date), sorted by config."""
+  def rows(text):
+    return {line.split("`")[1]: line for line in text.splitlines() if line.startswith("| `")}
+  kept = {**{k: v for k, v in rows(old).items() if v.count("|") == HEADER.count("|")},
+          **rows(new)}
+  head, _, tail = new.partition("\n\n")
+  return "\n".join([*head.splitlines()[:2], *(kept[k] for k in sorted(kept))]) + "\n\n" + tail
 
 
 def flags(results: list[Measured]) -> list[str]:
@@ -217,14 +231,16 @@ def main() -> None:
   extra = [f"--config.data.data_dir={args.data_dir}"] if args.data_dir else []
   declared, undeclared = declared_configs(args.configs)
   results = [measure(d, args.seeds or len(d.values), extra) for d in declared]
-  load = os.getloadavg()
-  note = (f"Measured {datetime.date.today()} by `python bench/results.py "
-          f"{' '.join(sys.argv[1:])}` on {os.cpu_count()} CPU cores, load average at the end "
-          f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min).")
+  when = f"{datetime.date.today()}, load {os.getloadavg()[1]:.1f}"
+  note = (f"Each row: `python bench/results.py NAME` on {os.cpu_count()} CPU cores, on the "
+          "date given, with the 5-minute load average at the end of its run (wall times on a "
+          "shared machine are upper bounds).")
   if undeclared:
     note += f" Not checked (no RESULT declared): {', '.join(undeclared)}."
-  text = table(results, note)
-  pathlib.Path(args.out).write_text(text, encoding="utf-8")
+  out = pathlib.Path(args.out)
+  text = merged(out.read_text(encoding="utf-8") if out.is_file() else "",
+                table(results, note, when))
+  out.write_text(text, encoding="utf-8")
   print(text)
   drifted = flags(results)
   for line in drifted:

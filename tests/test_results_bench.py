@@ -15,8 +15,8 @@ def config_text(name):
   return (REPO / "configs" / f"{name}.py").read_text(encoding="utf-8")
 
 
-def declared(values=(0.95, 0.91, 0.99), spread=0.03, overrides=()):
-  return results.Declared("gun", "test_accuracy", tuple(values), spread, tuple(overrides))
+def declared(values=(0.95, 0.91, 0.99), spread=0.03, overrides=(), name="gun"):
+  return results.Declared(name, "test_accuracy", tuple(values), spread, tuple(overrides))
 
 
 def test_a_plain_docstring_command_adds_no_flags():
@@ -103,11 +103,23 @@ def test_the_table_shows_documented_and_measured_ranges_and_verdicts():
   ok = results.Measured(declared(), (0.94, 0.96, 0.98), (60.0, 120.0, 180.0))
   bad = results.Measured(declared(values=(0.90,), spread=0.01, overrides=("num_train_steps=20",)),
                          (0.85,), (30.0,))
-  text = results.table([ok, bad], "Measured today.")
+  text = results.table([ok, bad], "Measured today.", "2026-12-05, load 2.0")
   lines = text.splitlines()
   assert lines[0].startswith("| config | metric | documented | measured | spread | verdict")
   assert lines[2] == ("| `gun.py` | test_accuracy | 0.9500 (0.9100-0.9900, 3 seeds) | "
-                      "0.9600 (0.9400-0.9800, 3 seeds) | ±0.03 | ok | 2.0 min |")
+                      "0.9600 (0.9400-0.9800, 3 seeds) | ±0.03 | ok | 2.0 min | "
+                      "2026-12-05, load 2.0 |")
   assert lines[3] == ("| `gun.py` `--config.num_train_steps=20` | test_accuracy | 0.9000 | "
-                      "0.8500 | ±0.01 | **drifted** (-0.0500) | 0.5 min |")
+                      "0.8500 | ±0.01 | **drifted** (-0.0500) | 0.5 min | 2026-12-05, load 2.0 |")
   assert lines[-1] == "Measured today."
+
+
+def test_a_subset_run_updates_its_rows_and_keeps_the_others():
+  old = results.table([results.Measured(declared(name="a"), (0.9,), (60.0,)),
+                       results.Measured(declared(name="b"), (0.8,), (60.0,))], "old", "day 1")
+  new = results.table([results.Measured(declared(name="b"), (0.7,), (60.0,))], "new", "day 2")
+  lines = results.merged(old, new).splitlines()
+  assert [line.split("`")[1] for line in lines[2:4]] == ["a.py", "b.py"]
+  assert lines[2].endswith("| day 1 |") and lines[3].endswith("| day 2 |")
+  assert "0.7000" in lines[3] and lines[-1] == "new"
+  assert results.merged("", new) == new
