@@ -174,12 +174,15 @@ def test_a_run_made_before_records_gets_one_once_with_a_warning(here, caplog):
   run = here / RUN
   for name in (run_record.RECORD, "tokenizer.json", "vocab.txt"):
     (run / name).unlink()
-  train_and_evaluate(classify_config(), RUN)  # finished: evaluates, writes the record
+  longer = classify_config()  # a finished run's rerun does nothing: train on, 2 more steps
+  longer.num_train_steps = 4
+  train_and_evaluate(longer, RUN)  # resumes: writes the record
   assert sum("has no run_record.json" in m for m in caplog.messages) == 1
   record = run_record.read(RUN)
   assert record["labels"] == ["no", "yes"] and (run / "vocab.txt").exists()
   caplog.clear()
-  train_and_evaluate(classify_config(), RUN)
+  longer.num_train_steps = 6
+  train_and_evaluate(longer, RUN)
   assert not any("has no run_record.json" in m for m in caplog.messages)
 
 
