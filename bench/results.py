@@ -104,6 +104,15 @@ def declared_result(name: str, text: str) -> Declared | None:
   return None
 
 
+def unscored_reason(text: str) -> str | None:
+  """configs/NAME.py's module-level `UNSCORED = "why"`: a config whose command needs what a
+  2-core machine has not (a bucket, an accelerator); its numbers live where the string says."""
+  for node in ast.parse(text).body:
+    if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["UNSCORED"]:
+      return str(ast.literal_eval(node.value))
+  return None
+
+
 def _dict_literal(call: ast.Call) -> ast.Dict:
   """`dict(a=1, b=2)` as the literal `{"a": 1, "b": 2}` (literal_eval reads no calls)."""
   return ast.Dict(keys=[ast.Constant(k.arg) for k in call.keywords],
@@ -203,21 +212,26 @@ def flags(results: list[Measured]) -> list[str]:
 
 def declared_configs(names: list[str]) -> tuple[list[Declared], list[str]]:
   """(the RESULT of each named config, []); with no names, (every config's that declares
-  one, the names of those that declare none)."""
+  one, "NAME (why)" of those that declare UNSCORED instead). A config that declares
+  neither is refused: every config states its result or why it has none here."""
   paths = ([REPO / "configs" / f"{n}.py" for n in names] if names
            else sorted((REPO / "configs").glob("*.py")))
-  found, undeclared = [], []
+  found, unscored = [], []
   for path in paths:
     if not path.is_file():
       raise SystemExit(f"bench/results.py: no config {path.relative_to(REPO)}")
-    declared = declared_result(path.stem, path.read_text(encoding="utf-8"))
-    if declared is None and names:
-      raise SystemExit(f"bench/results.py: configs/{path.stem}.py declares no RESULT")
-    if declared is None:
-      undeclared.append(path.stem)
-    else:
+    text = path.read_text(encoding="utf-8")
+    declared, why = declared_result(path.stem, text), unscored_reason(text)
+    if declared is not None:
       found.append(declared)
-  return found, undeclared
+    elif why is not None and not names:
+      unscored.append(f"{path.stem} ({why})")
+    else:
+      raise SystemExit(f"bench/results.py: configs/{path.stem}.py declares no RESULT"
+                       + (f": it is not scored here, {why}" if why else
+                          " (add RESULT = dict(metric=..., values=(...), spread=...), or "
+                          "UNSCORED = 'why' for a config a 2-core machine cannot run)"))
+  return found, unscored
 
 
 def main() -> None:
@@ -229,14 +243,14 @@ def main() -> None:
   parser.add_argument("--out", default=str(TABLE), help="markdown table written here")
   args = parser.parse_args()
   extra = [f"--config.data.data_dir={args.data_dir}"] if args.data_dir else []
-  declared, undeclared = declared_configs(args.configs)
+  declared, unscored = declared_configs(args.configs)
   results = [measure(d, args.seeds or len(d.values), extra) for d in declared]
   when = f"{datetime.date.today()}, load {os.getloadavg()[1]:.1f}"
   note = (f"Each row: `python bench/results.py NAME` on {os.cpu_count()} CPU cores, on the "
           "date given, with the 5-minute load average at the end of its run (wall times on a "
           "shared machine are upper bounds).")
-  if undeclared:
-    note += f" Not checked (no RESULT declared): {', '.join(undeclared)}."
+  if unscored:
+    note += f" Not scored here: {'; '.join(unscored)}."
   out = pathlib.Path(args.out)
   text = merged(out.read_text(encoding="utf-8") if out.is_file() else "",
                 table(results, note, when))

@@ -33,6 +33,9 @@ setup 12.8 s, first step compiled in 36.8 s; 20-22 s per step (~50 tokens/s); tr
 from jaxencoder.model.config import EncoderConfig
 from jaxencoder.train.config import base_config, model_config
 
+UNSCORED = ("sized for a TPU v5e-8 and a bucket corpus: its TPU compiles (memory, "
+            "kernels) are in docs/performance.md")
+
 
 def get_config():
   config = base_config()

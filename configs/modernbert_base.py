@@ -43,6 +43,9 @@ from jaxencoder.train.config import base_config
 
 LONG_LEN = 8_192  # phase 2's rows (modernbert_base_long.py); the table RoPE never reads
 
+UNSCORED = ("sized for a TPU v5e-8 and a bucket corpus: its TPU compiles (memory, "
+            "kernels) are in docs/performance.md")
+
 
 def get_config(arg: str | None = None):
   config = base_config()

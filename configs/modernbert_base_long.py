@@ -45,6 +45,9 @@ def phase1(arg: str | None):
   spec.loader.exec_module(module)
   return module.get_config(arg)
 
+UNSCORED = ("sized for a TPU v5e-8 and a bucket corpus at 8,192 tokens: its TPU compiles "
+            "(memory, kernels) are in docs/performance.md")
+
 
 def get_config(arg: str | None = None):
   config = phase1(arg)

@@ -326,6 +326,7 @@ def test_the_cli_prints_no_libtpu_chatter_on_a_host_without_chips(tmp_path):
   noise = [l for l in done.stderr.splitlines() if "TPU_" in l or "InitGoogle" in l or
            "libtpu" in l.lower() or l.startswith(("E0000", "W0000", "==="))]
   assert noise == []
+  assert "running on cpu: 1 device" in done.stderr  # the host that compiles, said first
   assert done.stdout.strip().splitlines()[-1].startswith("fits: ")
 
 

@@ -33,19 +33,31 @@ def test_a_docstring_without_the_command_is_refused():
     results.docstring_command("x", '"""Trains something."""\n')
 
 
-def test_every_declared_result_reads_and_names_a_scored_metric():
-  found, undeclared = results.declared_configs([])
-  assert {"time_series", "vit_fashion_mnist"} <= {d.name for d in found}
-  assert sorted([d.name for d in found] + undeclared) == sorted(
-      p.stem for p in (REPO / "configs").glob("*.py"))
+def test_every_config_declares_its_result_or_why_it_is_not_scored_here():
+  found, unscored = results.declared_configs([])
+  assert {"time_series", "vit_fashion_mnist", "classify", "seq2seq"} <= {d.name for d in found}
+  names = [d.name for d in found] + [u.split(" (")[0] for u in unscored]
+  assert sorted(names) == sorted(p.stem for p in (REPO / "configs").glob("*.py"))
+  assert [u.split(" (")[0] for u in unscored] == [
+      "mlm_bert_base", "modernbert_base", "modernbert_base_long"]
+  assert all("docs/performance.md" in u for u in unscored), unscored
   for d in found:
     assert d.values and d.spread > 0 and all(0 <= v < 100 for v in d.values), d  # a rate or a loss
     results.docstring_command(d.name, config_text(d.name))
 
 
-def test_a_named_config_without_a_result_is_refused():
-  with pytest.raises(SystemExit, match="configs/mlm_bert_base.py declares no RESULT"):
+def test_a_named_config_that_is_not_scored_here_says_why():
+  with pytest.raises(SystemExit, match="configs/mlm_bert_base.py declares no RESULT: it is "
+                     "not scored here, sized for"):
     results.declared_configs(["mlm_bert_base"])
+
+
+def test_a_config_declaring_neither_result_nor_reason_is_refused(tmp_path, monkeypatch):
+  (tmp_path / "configs").mkdir()
+  (tmp_path / "configs" / "new.py").write_text('"""A new config."""\n')
+  monkeypatch.setattr(results, "REPO", tmp_path)
+  with pytest.raises(SystemExit, match=r"configs/new.py declares no RESULT \(add RESULT = "):
+    results.declared_configs([])
 
 
 def test_result_written_as_a_dict_call_reads_with_its_overrides():

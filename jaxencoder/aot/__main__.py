@@ -84,6 +84,7 @@ def run(args, overrides) -> dict:
   config = load_config(args.config)
   apply_overrides(config, overrides)
   config = finalized(config)
+  cli.log_backend()  # the host that compiles (the target is the topology)
   result = compile_config(config, target, steps=args.steps, max_batch=args.max_batch,
                           group=args.group)
   result["config"] = args.config
