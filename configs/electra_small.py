@@ -15,6 +15,9 @@ Measured (2026-12-01, 2 shared CPU cores, 15-20 s/step), 20 steps only
 from jaxencoder.model.config import EncoderConfig
 from jaxencoder.train.config import base_config, model_config
 
+RESULT = dict(metric="accuracy", values=(0.8585,), spread=0.005,
+              overrides=("num_train_steps=20", "log_every=5"))
+
 
 def get_config():
   config = base_config()

@@ -15,6 +15,8 @@ Measured: see README "Encoder-decoder (seq2seq)".
 from jaxencoder.model.config import EncoderConfig
 from jaxencoder.train.config import base_config, model_config
 
+RESULT = dict(metric="greedy_accuracy", values=(0.283,), spread=0.03)
+
 
 def get_config():
   config = base_config()

@@ -23,6 +23,8 @@ on test and every train example trained on.
 
 from jaxencoder.train.config import base_config
 
+RESULT = dict(metric="test_accuracy", values=(0.9552,), spread=0.01)
+
 
 def get_config():
   config = base_config()
