@@ -23,7 +23,7 @@ FORBIDDEN = {
     "cli": EVERY_FOLDER,  # the tools' shared helpers: light, no JAX (--help answers at once)
     "model": {"train", "data", "pretrained", "probing", "io", "tokenizer", "cli", "aot", "tasks",
               "retrieval"},
-    # data's CLI (`jaxencoder-data mine`) calls retrieval's mining; the library never does
+    # (retrieval is not forbidden here: data's CLI, `jaxencoder-data mine`, calls its mining)
     "data": {"model", "train", "pretrained", "probing", "aot", "tasks"},
     # storage stores trees: the model side converts layouts before saving, after restoring
     "io": {"model", "cli", "train", "data", "pretrained", "probing", "aot", "tasks", "retrieval"},

@@ -308,3 +308,45 @@ def test_shakespeare_retrieval_pairs_each_speechs_first_half_with_its_second(tmp
   assert found.queries == ["To be or not to", "Now is the"]
   assert found.corpus == ["be that is the question", "winter of our discontent"]
   assert found.qrels == [{0: 1}, {1: 1}]
+
+
+# --- during training ---------------------------------------------------------------------
+def contrastive_config(root, **overrides):
+  import train_helpers as th
+  source = builders.prepare("text_records", write_pairs(root / "pairs", n=40), root / "tfds",
+                            name="pairs")
+  config = th.tiny_config(root, str(source), th.write_vocab(root), pooling="mean")
+  config.task, config.data.kind, config.projection_dim = "contrastive", "text_records", 0
+  config.num_train_steps, config.eval_every, config.checkpoint_every = 4, 2, 2
+  config.update(overrides)
+  return config
+
+
+def test_eval_retrieval_on_a_task_without_text_embeddings_is_refused_in_one_line(tmp_path):
+  from jaxencoder.train.config import base_config, finalize
+  config = base_config()
+  config.task, config.eval_retrieval = "classify", str(tmp_path)
+  with pytest.raises(ValueError, match=r"eval_retrieval=.* needs an embedding task on text "
+                                       r"\(contrastive, mlm\), not task classify"):
+    finalize(config)
+
+
+@pytest.mark.slow
+def test_every_eval_row_has_retrieval_and_sts_metrics_as_jaxencoder_eval_gives_them(
+    tmp_path, capsys):
+  from jaxencoder.train.init_from import finalized
+  from jaxencoder.train.loop import train_and_evaluate
+  from jaxencoder.train.metrics import read_metrics
+  tiny_set(tmp_path / "set")
+  (tmp_path / "sts.csv").write_text("text,text_b,score\nthe cat,the cat,5\nthe cat,a dog,0\n"
+                                    "a dog ran,the dog ran,3\n")
+  config = contrastive_config(tmp_path, eval_retrieval=str(tmp_path / "set"),
+                              eval_sts=str(tmp_path / "sts.csv"), best_metric="ndcg@10")
+  train_and_evaluate(finalized(config), tmp_path / "run")
+  evals = {r["step"]: r for r in read_metrics(tmp_path / "run") if r["split"] == "eval"}
+  assert sorted(evals) == [2, 4]
+  for step, row in evals.items():
+    eval_main(["--model", f"{tmp_path / 'run'}@{step}", "--retrieval", str(tmp_path / "set"),
+               "--sts", str(tmp_path / "sts.csv"), "--json"])
+    alone = json.loads(capsys.readouterr().out)
+    assert {k: row[k] for k in alone} == pytest.approx(alone, abs=1e-6)
