@@ -331,6 +331,15 @@ def test_eval_retrieval_on_a_task_without_text_embeddings_is_refused_in_one_line
     finalize(config)
 
 
+def test_matryoshka_sizes_named_as_the_retrieval_cutoffs_are_refused(tmp_path):
+  from jaxencoder.train.config import base_config, finalize
+  config = base_config()
+  config.task, config.eval_retrieval, config.projection_dim = "contrastive", str(tmp_path), 0
+  config.matryoshka_dims = (128, 100)
+  with pytest.raises(ValueError, match="prefix size 100 names metrics as the retrieval"):
+    finalize(config)
+
+
 @pytest.mark.slow
 def test_every_eval_row_has_retrieval_and_sts_metrics_as_jaxencoder_eval_gives_them(
     tmp_path, capsys):

@@ -221,6 +221,11 @@ def _check_embedding_evals(config, name: str, family) -> None:
     raise ValueError(f"{given[0]}={config[given[0]]!r} embeds text with the run's encoder: it "
                      f"needs an embedding task on text (contrastive, mlm), not task {name} on "
                      f"{config.model.input_kind}; set {given[0]}=''")
+  clash = {10, 100} & set(config.get("matryoshka_dims") or ()) if config.eval_retrieval else ()
+  if clash:  # Matryoshka names its prefixes' metrics metric@dims: mrr@10 would be two things
+    raise ValueError(f"matryoshka_dims {tuple(config.matryoshka_dims)} with eval_retrieval: "
+                     f"prefix size {min(clash)} names metrics as the retrieval cutoffs do "
+                     "(mrr@10, recall@100); use other sizes")
 
 
 def _check_keep_every(config) -> None:
