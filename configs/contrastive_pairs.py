@@ -7,7 +7,10 @@ Data: `shakespeare_pairs` (jaxencoder/data/shakespeare_tasks.py), made from the 
 plays on first use: (line, next line of the speech, a line of another speech of the
 same play). Each line is ranked against the batch's 64 positives and 64 hard negatives:
 recall@1 (`accuracy`), recall@5, MRR. Drop the `negative` column (or use any CSV with
-text, text_b) for in-batch negatives only. A tiny 2-layer BERT from scratch; for the
+text, text_b) for in-batch negatives only; k negatives mined with a model instead:
+`jaxencoder-data mine shakespeare_pairs --data-dir data --model minilm --name NAME --k 4`,
+then --config.data.source=text_records/NAME. `--config.eval_retrieval=DIR` adds ndcg@10,
+mrr@10, recall@100 over a whole corpus to each eval (docs/tasks.md). A tiny 2-layer BERT from scratch; for the
 unsupervised SimCSE variant see configs/contrastive.py.
 Measured (2026-12-01, 2 shared CPU cores, ~10 min): train loss 4.80 (steps 1-25) ->
 4.24 (276-300); eval recall@1 4.5%, recall@5 15.0%, MRR 0.114 (before training:

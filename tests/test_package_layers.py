@@ -15,18 +15,22 @@ import import_graph  # noqa: E402
 # folder -> folders it must not import (a top-level module is a folder of its own;
 # "package" is jaxencoder/__init__.py).
 EVERY_FOLDER = {"model", "train", "data", "pretrained", "probing", "io", "tokenizer", "cli",
-                "aot", "tasks", "progress", "export"}
+                "aot", "tasks", "progress", "export", "retrieval"}
 FORBIDDEN = {
     "errors": EVERY_FOLDER,  # the ground floor: errors every layer shares
     "_lazy": EVERY_FOLDER,  # lazy public names: the package's import stays light
     "tpu_host": EVERY_FOLDER,
     "cli": EVERY_FOLDER,  # the tools' shared helpers: light, no JAX (--help answers at once)
-    "model": {"train", "data", "pretrained", "probing", "io", "tokenizer", "cli", "aot", "tasks"},
+    "model": {"train", "data", "pretrained", "probing", "io", "tokenizer", "cli", "aot", "tasks",
+              "retrieval"},
+    # (retrieval is not forbidden here: data's CLI, `jaxencoder-data mine`, calls its mining)
     "data": {"model", "train", "pretrained", "probing", "aot", "tasks"},
     # storage stores trees: the model side converts layouts before saving, after restoring
-    "io": {"model", "cli", "train", "data", "pretrained", "probing", "aot", "tasks"},
+    "io": {"model", "cli", "train", "data", "pretrained", "probing", "aot", "tasks", "retrieval"},
     # a task: its model, loss, metrics, options and pipeline from the data layer
-    "tasks": {"train", "io", "pretrained", "probing", "aot"},
+    "tasks": {"train", "io", "pretrained", "probing", "aot", "retrieval"},
+    # exact search and its metrics over any embed(texts) function: no model of its own
+    "retrieval": {"model", "train", "pretrained", "probing", "aot", "tasks", "export"},
     "train": {"probing", "aot"},  # train reads pretrained checkpoints (init_from a HF dir)
     "pretrained": {"train", "probing", "aot", "tasks"},
     "probing": {"train", "aot"},

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also search the largest global train batch that fits")
   parser.add_argument("--group", type=int, default=None,
                       help="texts per example of grouped text_records tasks (contrastive: 2, "
-                           "or 3 with hard negatives; multiple_choice: the choices; default 2 / 4)")
+                           "or 2 + k with k hard negatives; multiple_choice: the choices; default 2 / 4)")
   parser.add_argument("--steps", default="train,eval", help="which steps: train, eval or both")
   parser.add_argument("--json", action="store_true", help="print the report as JSON")
   cli.add_verbose_flag(parser)

@@ -4,6 +4,7 @@
   python -m jaxencoder.data prepare text_classification --source FILES --data-dir DIR --name NAME
   python -m jaxencoder.data prepare text_corpus --source DIR --data-dir DIR --tokenizer VOCAB
   python -m jaxencoder.data stats shakespeare --data-dir DIR [--tokenizer PATH] [--seq-len 128]
+  python -m jaxencoder.data mine shakespeare_pairs --data-dir DIR --model minilm --name NAME
 
 DIR, FILES and PATH may be gs:// URLs. Re-running `prepare` reuses the dataset when its
 sources (file bytes) and options are unchanged ("up to date") and rebuilds it otherwise;
@@ -75,6 +76,39 @@ def _prepare(args):
   print(f"dataset: {path}")
 
 
+def _mine(args):
+  # lazy: --help stays fast (JAX, the model)
+  import jaxencoder
+  from jaxencoder.retrieval import mining
+  cli.log_backend()
+  model = jaxencoder.load(args.model)
+  embed = lambda texts: model.embed(texts, batch_size=args.batch_size)  # noqa: E731
+  mined = mining.mine(embed, args.source, args.data_dir, args.name, k=args.k,
+                      margin=args.margin, block=args.block, about={"model": args.model})
+  print(f"{mined.rows} rows with {args.k} mined negatives each ({mined.dropped} dropped: "
+        f"too few candidates below the margin)")
+  print(f"dataset: {mined.dataset}   train with data.source=text_records/{args.name}")
+
+
+def _mine_parser(sub):
+  p = sub.add_parser("mine", help="hard negatives for a pairs dataset, mined with a model "
+                     "(writes a new text_records dataset)")
+  p.add_argument("source", help="pairs (text, text_b[, negative]): a fetch source "
+                 "(shakespeare_pairs), a prepared KIND/NAME under DATA_DIR/tfds, or its directory")
+  p.add_argument("--data-dir", required=True)
+  p.add_argument("--model", required=True, help="what embeds: a registered name (minilm), a "
+                 "Hugging Face / sentence-transformers dir, a run dir or RUN@STEP")
+  p.add_argument("--name", required=True, help="the new dataset (DATA_DIR/tfds/text_records/"
+                 "NAME; an existing one is refused)")
+  p.add_argument("--k", type=int, default=4, help="negatives per row (default 4): columns "
+                 "negative_1 .. negative_k")
+  p.add_argument("--margin", type=float, default=0.05, help="skip candidates scoring above "
+                 "the positive's score minus this (false negatives; cosine, default 0.05)")
+  p.add_argument("--batch-size", type=int, default=32, help="texts embedded at once")
+  p.add_argument("--block", type=int, default=4096, help="candidates searched at once "
+                 "(memory: queries x block scores)")
+
+
 def _prepare_parser(sub):
   p = sub.add_parser("prepare", help="write an array_record dataset under DATA_DIR/tfds "
                      "(reused while its sources are unchanged)")
@@ -132,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--seq-len", type=int, default=128)
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--json", action="store_true")
+  _mine_parser(sub)
   return parser
 
 
@@ -140,7 +175,7 @@ def main(argv=None):
   logging.getLogger("jaxencoder").setLevel(logging.INFO)
   args = build_parser().parse_args(argv)
   commands = {"fetch": lambda a: print(fetch_lib.fetch(a.name, a.data_dir)),
-              "prepare": _prepare, "stats": _stats}
+              "prepare": _prepare, "stats": _stats, "mine": _mine}
   cli.run_main(lambda: commands[args.cmd](args))
 
 

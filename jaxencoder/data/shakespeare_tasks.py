@@ -13,6 +13,9 @@
                           of the same play as a hard negative (text, text_b, negative)
   shakespeare_speeches    the speeches of at least MIN_SPEECH_WORDS words, unlabelled
                           (text): for contrastive views (data/span_views.py)
+  shakespeare_retrieval   a held-out retrieval set in BEIR's format (data/beir.py): the
+                          first halves of shakespeare_speeches' test speeches as queries,
+                          their second halves as the corpus (`write_retrieval`)
 
 Each is a text_records source (train.csv, test.csv) written under data_dir/raw/<name> by
 `write`, from the fetched Gutenberg texts. A speech goes wholly to one split (1 in 10 to
@@ -31,13 +34,14 @@ import zlib
 import numpy as np
 from etils import epath
 
-from jaxencoder.data import readers
+from jaxencoder.data import beir, readers
 
 SOURCES = ("shakespeare_span", "shakespeare_multilabel", "shakespeare_regression",
            "shakespeare_choice", "shakespeare_pairs", "shakespeare_speeches")
 MAX_TRAIN, MAX_TEST = 12_000, 1_000  # examples per split (a seeded sample when more)
 MAX_WORDS = 60  # a speech's first words kept for the speech-level tasks
 MIN_SPEECH_WORDS = 8  # shakespeare_speeches: shorter ones have no two halves worth matching
+RETRIEVAL = "shakespeare_retrieval"  # written from shakespeare_speeches (not a text_records set)
 
 # Year each play was written (usual estimates; poems are left out).
 PLAY_YEARS = {
@@ -224,3 +228,16 @@ def write(name: str, raw_dir, out) -> None:
     (out / f"{split}.csv").write_text(text.getvalue())
   if name == "shakespeare_multilabel":
     (out / "labels.txt").write_text("\n".join(THEMES) + "\n")
+
+
+def write_retrieval(speeches_csv, out) -> None:
+  """The held-out retrieval set `RETRIEVAL` into `out` (BEIR's format) from
+  shakespeare_speeches' test.csv: speech i's first half of its words is query `q<i>`, its
+  second half document `d<i>` (judged 1), every other second half a distractor."""
+  halves = []
+  for row in readers.read_records(speeches_csv):
+    words = row["text"].split()
+    halves.append((" ".join(words[:len(words) // 2]), " ".join(words[len(words) // 2:])))
+  beir.write(out, {f"q{i}": first for i, (first, _) in enumerate(halves)},
+             {f"d{i}": second for i, (_, second) in enumerate(halves)},
+             {f"q{i}": {f"d{i}": 1} for i in range(len(halves))})

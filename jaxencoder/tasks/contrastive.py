@@ -5,8 +5,9 @@ MRR. `data.views="halves"`: a text's first half's positive is its second half.
 `matryoshka_dims`: the loss summed over nested prefixes of the vectors (tasks/matryoshka.py),
 with metrics at each size (`mrr@128`).
 
-text_records columns: text, [text_b, [negative]]; arrays: text arrays [K, L] (K = 2, or 3
-with a hard negative), or [L] for a text alone (SimCSE).
+text_records columns: text, [text_b, [negative | negative_1 .. negative_k]]; arrays: text
+arrays [K, L] (K = 2 + the hard negatives: one `negative`, or the k of a mined set,
+`jaxencoder-data mine`), or [L] for a text alone (SimCSE).
 """
 
 from __future__ import annotations
@@ -70,13 +71,14 @@ def simcse_sums(a_BxP, b_BxP, temperature: float) -> Sums:
 
 
 def contrastive_features(tokenizer, seq_len: int):
-  """text, its positive text_b and (if the column exists) a hard negative: [K, L]; a
+  """text, its positive text_b and (where the columns exist) its hard negatives: [K, L]; a
   text alone (no text_b column): [L], its positive is itself under other dropout."""
   def fn(ex):
     if "text_b" not in ex:
       return {**records.encode(tokenizer, as_text(ex["text"]), None, seq_len),
               "example_weights": np.float32(1.0)}
-    texts = [as_text(ex[k]) for k in ("text", "text_b", "negative") if k in ex]
+    columns = ["text", "text_b", *records.negative_columns(ex)]
+    texts = [as_text(ex[k]) for k in columns]
     rows = [records.encode(tokenizer, t, None, seq_len) for t in texts]
     return {**records.stacked(rows), "example_weights": np.float32(1.0)}
   return fn

@@ -110,6 +110,10 @@ def base_config() -> ml_collections.ConfigDict:
   #                                better best_metric (counted across resumes)
   c.load_best_at_end = False  # the final eval, test, predict, convert and export use the
   #                             checkpoint best on best_metric (every eval must be saved)
+  # An embedding run's eval rows also get (train/embedding_evals.py; either can be best_metric):
+  c.eval_retrieval = ""  # a BEIR-format folder (corpus.jsonl, queries.jsonl, qrels.tsv):
+  #                        ndcg@10, mrr@10, recall@100 over its whole corpus
+  c.eval_sts = ""  # a CSV / TSV of scored pairs (header text, text_b, score): spearman
   c.seed = 0
   c.rng_impl = "threefry"  # threefry (same streams on every backend) | rbg | unsafe_rbg (cheaper)
   c.optim = default_optim_config()
@@ -146,6 +150,7 @@ def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                      f"got {config.rng_impl!r}")
   name, family = registry.owner(config)  # e.g. a sentence_pair on a task but mlm: an error
   family.check(name, config)
+  _check_embedding_evals(config, name, family)
   family.finalize(name, config)
   if not config.optim.total_steps:
     config.optim.total_steps = config.num_train_steps
@@ -207,6 +212,20 @@ def _check_best(config) -> None:
     raise ValueError(f"load_best_at_end needs every eval saved: eval_every="
                      f"{config.eval_every} must be a multiple of checkpoint_every="
                      f"{config.checkpoint_every}")
+
+
+def _check_embedding_evals(config, name: str, family) -> None:
+  """eval_retrieval / eval_sts embed text with the run's encoder: an embedding task's."""
+  given = [key for key in ("eval_retrieval", "eval_sts") if config.get(key)]
+  if given and (family.predicts.get(name) != "vectors" or config.model.input_kind != "text"):
+    raise ValueError(f"{given[0]}={config[given[0]]!r} embeds text with the run's encoder: it "
+                     f"needs an embedding task on text (contrastive, mlm), not task {name} on "
+                     f"{config.model.input_kind}; set {given[0]}=''")
+  clash = {10, 100} & set(config.get("matryoshka_dims") or ()) if config.eval_retrieval else ()
+  if clash:  # Matryoshka names its prefixes' metrics metric@dims: mrr@10 would be two things
+    raise ValueError(f"matryoshka_dims {tuple(config.matryoshka_dims)} with eval_retrieval: "
+                     f"prefix size {min(clash)} names metrics as the retrieval cutoffs do "
+                     "(mrr@10, recall@100); use other sizes")
 
 
 def _check_keep_every(config) -> None:

@@ -22,7 +22,7 @@ from jaxencoder import progress
 from jaxencoder.model import lora
 from jaxencoder.data import kinds, packing
 from jaxencoder.model.encoder import ENCODER
-from jaxencoder.train import distributed, finished, provenance
+from jaxencoder.train import distributed, embedding_evals, finished, provenance
 from jaxencoder.train.early_stopping import Patience, replayed
 from jaxencoder.train.compilation_cache import use_compilation_cache
 from jaxencoder.train import sharding as sharding_lib
@@ -68,6 +68,7 @@ class Run:
   state: steps.TrainState = None
   train_iter: Any = None
   patience: Patience = None  # evals without a better best_metric (early stopping)
+  embedding_evals: Any = None  # eval_retrieval / eval_sts's Evaluators (None: neither)
   timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds, for the log
 
 
@@ -131,7 +132,8 @@ def setup(config: ml_collections.ConfigDict, workdir, *, read_only: bool = False
       best_mode=task.metric_mode(config.best_metric), read_only=read_only)
   run = Run(config, run_dir, task, pipelines, mesh, rules, tx, schedule,
             steps.state_shardings(task, tx, example, mesh, rules, boxed=boxed), checkpointer,
-            writer=None, train_iter=train_iter)
+            writer=None, train_iter=train_iter,
+            embedding_evals=embedding_evals.from_config(config))
   started = time.perf_counter()
   run.state = restore_or_init(run, example, boxed, evaluating=read_only, checked=checked)
   run.timings["state_init_s"] = time.perf_counter() - started
@@ -245,8 +247,8 @@ def _same_task_heads(source: RunDir, params, shardings) -> dict[str, Any]:
 
 def evaluate(run: Run, eval_step, signals: StopSignals | None = None, *,
              make_batches=None) -> dict[str, float] | None:
-  """Deterministic metrics over the whole eval split (or `make_batches()`'s); None if a
-  stop signal cut it short."""
+  """Deterministic metrics over the whole eval split (or `make_batches()`'s), the eval
+  split's with eval_retrieval / eval_sts's too; None if a stop signal cut it short."""
   totals = batch = None
   compiled = lambda: eval_step.lower(run.state.params, batch).compile()  # noqa: E731
   with steps.mesh_context(run.mesh, run.rules), oom.named(_out_of_memory(run, "eval", compiled)):
@@ -258,7 +260,11 @@ def evaluate(run: Run, eval_step, signals: StopSignals | None = None, *,
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     if totals is None:
       raise ValueError("the eval split is empty")
-    return run.task.summarize(jax.device_get(totals))
+    metrics = run.task.summarize(jax.device_get(totals))
+  if make_batches is None and run.embedding_evals:  # the eval split's row: eval_retrieval, ...
+    metrics.update(run.embedding_evals(embedding_evals.embedder(
+        run.config, encoder_config(run.config), run.state.params, run.pipelines.tokenizer)))
+  return metrics
 
 
 def check_finite(state: steps.TrainState) -> None:

@@ -34,6 +34,7 @@ RESUMABLE_CHANGES = (
     "model.dropout_rate", "model.attention_dropout_rate", "model.mlp_dropout_rate",
     "model.remat_policy", "model.attention_impl", "model.dtype", "model.check_ids",
     "rng_impl", "compilation_cache_dir", "lock_timeout_s",
+    "eval_retrieval", "eval_sts",  # what each eval also measures; the state is the same
     "mlm_loss_chunk")  # the same MLM loss, its logits computed in chunks
 
 
