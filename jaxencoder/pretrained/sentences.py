@@ -60,9 +60,9 @@ def sentence_transformers_config(model_dir) -> SentenceConfig:
 
   modules.json lists a Transformer, a Pooling and optionally BERT's pooler as a Dense
   module and a Normalize module (any other is a ValueError: embed cannot compute it).
-  As in sentence-transformers, a missing
-  sentence_bert_config.json or key means tokenizer_config.json's model_max_length (else
-  the model's positions) and no lower-casing.
+  As in sentence-transformers, a missing sentence_bert_config.json or key means
+  tokenizer_config.json's model_max_length (else the model's positions) and no
+  lower-casing.
   Without modules.json (a plain Hugging Face directory) embed keeps its own defaults:
   1_Pooling if present else mean, L2-normalised, 128 tokens.
   """
@@ -194,7 +194,8 @@ def write_sentence_transformers(path, cfg: EncoderConfig, params: dict,
   needs to compute `sentence` with it: modules.json (Transformer at the root, Pooling,
   BERT's pooler as a Dense module when cfg has one, Normalize when sentence.normalize),
   sentence_bert_config.json, 1_Pooling/config.json and config_sentence_transformers.json.
-  `sentence_transformers_config(path)` reads back `sentence` (transformer_path "")."""
+  `sentence_transformers_config(path)` reads back `sentence` (with dense_path "2_Dense"
+  where it wrote one)."""
   path = pathlib.Path(path)
   if cfg.pooling not in hf_checkpoint.POOLING_MODES or sentence.pooling != cfg.pooling:
     raise ValueError(f"pooling={cfg.pooling!r} has no sentence-transformers Pooling mode; "
