@@ -340,8 +340,18 @@ def test_embed_config_reads_modules_and_sentence_bert_config(tmp_path):
   (tmp_path / "cls" / "modules.json").write_text(json.dumps(modules))
   assert sentence_transformers_config(tmp_path / "cls").pooling == "cls"
   dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
-  (tmp_path / "cls" / "modules.json").write_text(json.dumps(modules + [dense]))
-  with pytest.raises(ValueError, match="Dense.*not supported"):
+  projection = sentence_dir(tmp_path, "dense", modules=modules + [dense])
+  assert sentence_transformers_config(projection).dense_path == "3_Dense"
+  (projection / "3_Dense").mkdir()
+  (projection / "3_Dense" / "config.json").write_text(json.dumps(
+      {"in_features": 384, "out_features": 128, "bias": True,
+       "activation_function": "torch.nn.modules.linear.Identity"}))
+  with pytest.raises(ValueError, match="Dense module only as BERT's pooler"):
+    embed(["x"], projection, progress=False)
+  other = {"idx": 3, "name": "3", "path": "3_LayerNorm",
+           "type": "sentence_transformers.models.LayerNorm"}
+  (tmp_path / "cls" / "modules.json").write_text(json.dumps(modules + [other]))
+  with pytest.raises(ValueError, match="LayerNorm.*not supported"):
     embed(["x"], tmp_path / "cls", progress=False)
 
 

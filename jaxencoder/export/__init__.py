@@ -1,4 +1,5 @@
-"""Exports an encoder to run without jaxencoder: serialized StableHLO or ONNX.
+"""Exports an encoder to run without jaxencoder: serialized StableHLO or ONNX (and, in
+sentence_dir.py, a run as a sentence-transformers directory for jaxencoder-convert).
 
   s = servable(cfg, params)                  # or head=EncoderClassifier(...): its logits
   export_stablehlo(s, "out/model.stablehlo")  # jax.export, lowered for cpu, cuda, tpu

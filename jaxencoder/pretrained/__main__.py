@@ -6,7 +6,12 @@ becomes a jaxencoder run directory that `train.py --config.init_from=DST` and
 `jaxencoder-probe --checkpoint DST` read (architecture and family included).
 SRC a jaxencoder run directory (written by this command, or a train.py workdir, or
 its checkpoints/ folder; local or gs://): DST becomes a Hugging Face directory of the
-run's family (model.family; "bert" unless the run began from another family).
+run's family (model.family; "bert" unless the run began from another family). For an
+embedding run (task contrastive), or any text run with `--sentence-transformers`, it is a
+sentence-transformers directory too: `SentenceTransformer(DST).encode` gives the run's
+`jaxencoder.load(RUN).embed` (its pooling, data.seq_len, normalisation when its loss
+normalises): modules.json, sentence_bert_config.json, 1_Pooling and
+config_sentence_transformers.json (docs/export.md, "Sentence-transformers").
 A run trained with LoRA (model.lora_rank > 0) has its adapters merged into its kernels
 (W + alpha / r A B) on the way out; `--merge_lora` writes that as a plain jaxencoder run
 directory instead, `--adapters_only` writes only the adapters to DST/adapters.safetensors
@@ -53,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "the kernels")
   parser.add_argument("--adapters_only", action="store_true",
                       help="a LoRA run -> DST/adapters.safetensors, its adapters only")
+  parser.add_argument("--sentence-transformers", dest="sentence_transformers",
+                      action="store_true",
+                      help="run -> a sentence-transformers directory for any text run (an "
+                           "embedding run, e.g. task contrastive, gets one without it)")
   parser.add_argument("command", nargs="?", choices=["convert"],
                       help="optional, for `python -m jaxencoder.pretrained convert ...`")
   parser.add_argument("--overwrite", action="store_true",
@@ -72,10 +81,11 @@ def main(argv=None) -> None:
 
   def run() -> str:
     # lazy: --help stays fast (and --where; run_main quiets the libraries first)
-    from jaxencoder.pretrained.convert import convert
+    from jaxencoder.export.sentence_dir import convert
     return convert(args.source, args.target, scan_layers=args.scan_layers,
                    overwrite=args.overwrite, max_len=args.max_len, image_size=args.image_size,
-                   merge_lora=args.merge_lora, adapters_only=args.adapters_only)
+                   merge_lora=args.merge_lora, adapters_only=args.adapters_only,
+                   sentence_transformers=args.sentence_transformers)
   print(cli.run_main(run))
 
 

@@ -1,6 +1,7 @@
 """Checkpoints converted both ways (`jaxencoder-convert`): a Hugging Face directory into a
 jaxencoder run directory, a run into a Hugging Face directory of its family (LoRA adapters
-merged), a merged run, or the adapters alone; and a run's params as an export reads them
+merged; with `sentence`, a sentence-transformers directory too), a merged run, or the
+adapters alone; and a run's params as an export reads them
 (`restore_for_export`), or its encoder and tokenizer as the probe and jaxencoder.load read
 them (`read_run`).
 """
@@ -18,7 +19,7 @@ from jaxencoder.model.electra import Electra
 from jaxencoder.model.encoder import ENCODER
 from jaxencoder.io import outputs, paths
 from jaxencoder.io.run_dir import RunDir
-from jaxencoder.pretrained import hf_checkpoint
+from jaxencoder.pretrained import hf_checkpoint, sentences
 from jaxencoder.pretrained.adapters_file import ADAPTERS_FILE, write_adapters
 from jaxencoder.pretrained.electra_names import DISCRIMINATOR_HEAD
 from jaxencoder.pretrained.resolver import is_hf_dir, resolve
@@ -40,9 +41,13 @@ def _inputs(source) -> list[outputs.Labelled]:
 
 def convert(source, target, *, scan_layers: bool = False, overwrite: bool = False,
             max_len: int | None = None, image_size: tuple[int, int] | None = None,
-            merge_lora: bool = False, adapters_only: bool = False) -> str:
+            merge_lora: bool = False, adapters_only: bool = False,
+            sentence: sentences.SentenceConfig | None = None) -> str:
   """Converts in the direction SRC's contents imply; returns a one-line summary. SRC may
-  be a registered name ("minilm") or RUN@STEP (resolver.resolve).
+  be a registered name ("minilm") or RUN@STEP (resolver.resolve). `sentence`: a text
+  run's Hugging Face directory becomes a sentence-transformers directory that computes
+  it (`sentences.write_sentence_transformers`; export/sentence_dir.py decides it from the
+  run's task).
 
   TARGET must lie apart from SOURCE (and its tokenizer); a non-empty TARGET is replaced
   only with `overwrite` and only if this command wrote it (io.outputs). The result is
@@ -64,6 +69,11 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   if lora_out and is_hf_dir(source):
     raise ValueError(f"--{lora_out}: SRC must be a jaxencoder run trained with LoRA, not a "
                      "Hugging Face directory")
+  if sentence is not None and (lora_out or is_hf_dir(source)):
+    raise ValueError(f"--{lora_out} writes jaxencoder files; a sentence-transformers directory is "
+                     f"a Hugging Face one: drop --{lora_out}" if lora_out else
+                     "a sentence-transformers directory is written from a jaxencoder run; SRC "
+                     "is a Hugging Face directory")
   outputs.check_apart(("--to", target), _inputs(source))
   outputs.check_replaceable("--to", target, TOOL, overwrite)
   cli.log_backend()  # after the arguments' own errors (one line each), before the work
@@ -73,7 +83,7 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
   staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=local_parent))
   try:
     with paths.local_copy(source) if is_hf_dir(source) else contextlib.nullcontext(source) as src:
-      summary = _convert_into(src, staging, scan_layers, resize, lora_out, where.step)
+      summary = _convert_into(src, staging, scan_layers, resize, lora_out, where.step, sentence)
     outputs.mark(staging, TOOL)
     if target.exists():
       target.rmtree()
@@ -87,7 +97,8 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
 
 
 def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict,
-                  lora_out: str | None = None, step: int | None = None) -> str:
+                  lora_out: str | None = None, step: int | None = None,
+                  sentence: sentences.SentenceConfig | None = None) -> str:
   if is_hf_dir(source):
     cfg, params, tokenizer = hf_checkpoint.load(source, scan_layers=scan_layers, **resize)
     if tokenizer is not None:
@@ -116,7 +127,16 @@ def _convert_into(source, target: pathlib.Path, scan_layers: bool, resize: dict,
             f"{note}")
   hf_checkpoint.save(target, cfg, params, tokenizer)
   family = FAMILY_NAMES.get(cfg.family, cfg.family)
-  return f"wrote Hugging Face {family} directory {target}{note}"
+  if sentence is None:
+    return f"wrote Hugging Face {family} directory {target}{note}"
+  if tokenizer is None:
+    why = ("it has no tokenizer files" if cfg.input_kind == "text"
+           else f"an {cfg.input_kind} encoder")
+    raise ValueError(f"{source}: {why}; a sentence-transformers directory embeds text with the "
+                     "run's tokenizer")
+  sentences.write_sentence_transformers(target, cfg, params, sentence)
+  return (f"wrote sentence-transformers directory {target} ({family}; "
+          f"{sentences.describe(sentence, cfg)})")
 
 
 def _what_comes_along(cfg, tokenizer, source) -> str:

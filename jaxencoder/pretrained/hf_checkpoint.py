@@ -232,11 +232,17 @@ def write_directory(path, cfg: EncoderConfig, config: Mapping[str, Any],
   write_json(path / CONFIG, config)
   save_file(dict(tensors), str(path / WEIGHTS), metadata={"format": "pt"})
   if cfg.pooling != "cls":
-    modes = {field: cfg.pooling == mode for mode, field in POOLING_MODES.items()}
-    write_json(path / POOLING, {"word_embedding_dimension": cfg.emb_dim, **modes})
+    write_json(path / POOLING, pooling_config(cfg))
   if tokenizer is not None:
     tokenizer.save(path)
   return path
+
+
+def pooling_config(cfg: EncoderConfig) -> dict[str, Any]:
+  """sentence-transformers' 1_Pooling/config.json of cfg.pooling (cls, mean or max), in the
+  pooling_mode_* spelling every version reads."""
+  modes = {field: cfg.pooling == mode for mode, field in POOLING_MODES.items()}
+  return {"word_embedding_dimension": cfg.emb_dim, **modes}
 
 
 def tensors_from_params(cfg: EncoderConfig, params: Params

@@ -53,6 +53,18 @@ class Task:
     return self.family.metric_mode(metric)
 
 
+@dataclasses.dataclass(frozen=True)
+class Embedding:
+  """How a task's loss compares the pooled vectors that embed and predict serve, for a
+  sentence-transformers directory of its run (pretrained/sentences.py writes it).
+
+  similarity: "cosine" (the loss L2-normalises them) or "dot" (it takes them as they are).
+  nested_dims: the Matryoshka sizes the loss trains, widest first (empty: one size).
+  """
+  similarity: str = "cosine"
+  nested_dims: tuple[int, ...] = ()
+
+
 class Family:
   """Everything about one family of tasks: its names, config options, model and loss,
   summary, metric directions, input pipeline, batch shapes and predictions.
@@ -138,6 +150,11 @@ class Family:
               lines: list[str]):
     """Output lines (`predicts` "lines" / "words") or pooled vectors [N, D] ("vectors")."""
     raise NotImplementedError
+
+  def embedding(self, name: str, config) -> Embedding | None:
+    """How the task's loss compares the pooled vectors (a stored config dict or
+    ConfigDict); None: the task does not train sentence embeddings."""
+    return None
 
   def scores(self, name: str, predictor, args: tuple) -> np.ndarray:
     """[B, C] one score per class of a batch (tasks in `scored`)."""

@@ -23,9 +23,9 @@ from jaxencoder.data import kinds, records
 from jaxencoder.data.readers import as_text
 from jaxencoder.model.heads import EncoderContrastive, info_nce_loss, is_grouped
 from jaxencoder.tasks import matryoshka
-from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
-                                   masked_cross_entropy, mean_loss, pooled_vectors,
-                                   record_shapes, text_shapes)
+from jaxencoder.tasks.base import (INPUT_KEYS, Embedding, Family, Sums, Task, apply_model,
+                                   loss_summary, masked_cross_entropy, mean_loss,
+                                   pooled_vectors, record_shapes, text_shapes)
 
 RECALL_AT = (1, 5)
 VIEWS = ("dropout", "halves")
@@ -171,6 +171,16 @@ class Contrastive(Family):
 
   def predict(self, name, predictor, batch, args, lines):
     return pooled_vectors(predictor, args)
+
+  def embedding(self, name, config) -> Embedding:
+    """Cosine (InfoNCE on unit vectors). Matryoshka prefixes count only without a
+    projection head: with one they are the head's, which is for training only."""
+    if config.get("projection_dim", self.options["projection_dim"]):
+      return Embedding("cosine")
+    prefixes = matryoshka.Prefixes.from_config(config)
+    weights = prefixes.weights or (1.0,) * len(prefixes.dims)
+    trained = tuple(d for d, w in zip(prefixes.dims, weights) if w > 0)
+    return Embedding("cosine", trained if trained[1:] else ())
 
 
 FAMILY = Contrastive()
