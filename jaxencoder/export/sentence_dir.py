@@ -33,7 +33,8 @@ def sentence_config(source, *, forced: bool = False) -> SentenceConfig | None:
   """What `jaxencoder.load(source).embed` computes, as a sentence-transformers directory
   says it: the run's pooling, data.seq_len, lower-casing, and from its task's loss the
   similarity (cosine: normalised) and Matryoshka sizes. None for a run whose task trains
-  no embeddings (unless `forced`: cosine, not normalised) or a Hugging Face `source`."""
+  no embeddings (unless `forced`: cosine and normalised, as `embed` is) or a Hugging Face
+  `source`."""
   where = resolve(source)
   if is_hf_dir(where.path):
     if forced:
