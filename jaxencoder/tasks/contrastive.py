@@ -29,8 +29,8 @@ import numpy as np
 
 from jaxencoder.data import kinds, records
 from jaxencoder.data.readers import as_text
-from jaxencoder.model.heads import EncoderContrastive, info_nce_loss, is_grouped
-from jaxencoder.model.heads import cosine_similarity
+from jaxencoder.model.heads import (EncoderContrastive, cosine_similarity, info_nce_loss,
+                                    is_grouped)
 from jaxencoder.tasks import matryoshka, regression
 from jaxencoder.tasks.base import (INPUT_KEYS, MASKED, Family, Sums, Task, apply_model,
                                    embedding_task, loss_summary, masked_cross_entropy,

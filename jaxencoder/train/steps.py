@@ -183,7 +183,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task: Task,
   Gradients are those of sum(loss) / sum(weight) over the whole batch: with
   `micro_batches=k` (optim.grad_accum_steps) the batch of k x B rows runs as k
   micro-batches whose summed losses and weights are divided once, so the update is the
-  one a single batch of k x B rows makes. `axis_name` (pmap compatibility, see
+  one a single batch of k x B rows makes (a loss on the whole batch's embeddings, as
+  contrastive in-batch negatives: cached_gradients). `axis_name` (pmap compatibility, see
   train/parallel.py) psums each device's gradient and metric sums first, so the update
   equals the jit path's for the same global batch. `trainable` (optim.trainable_mask of
   the params; None: all) keeps frozen leaves out of grad_norm, which is then the norm the
