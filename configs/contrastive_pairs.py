@@ -20,6 +20,11 @@ The checkpoint is chosen on a validation part of train (1 in 10 train examples,
 and the test split is scored once at the end with it (`data.test_split`: test_* metrics,
 a `test` row in metrics.jsonl). The numbers above were measured before that, with eval
 on test and every train example trained on.
+Larger batches at a micro-batch's memory: `--config.optim.grad_accum_steps=4` trains 4 x 64
+rows as one batch, every line ranked against all 256 positives and 256 hard negatives
+(GradCache). v5e temporaries per chip (jaxencoder-compile --topology v5e-1 --group 3,
+2026-12-05): batch 64 8.9 MiB, batch 256 222.4 MiB, 64 x 4 with GradCache 21.5 MiB
+(docs/results.md). `--config.symmetric=true`: InfoNCE both ways (line -> next line and back).
 """
 
 from jaxencoder.train.config import base_config

@@ -34,13 +34,21 @@ Sums = dict[str, jax.Array]
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """A model and its loss. `loss_fn(params, batch, rng, train)` -> (loss, metric sums)."""
+  """A model and its loss. `loss_fn(params, batch, rng, train)` -> (loss, metric sums).
+
+  A loss over the whole batch's embeddings (contrastive: in-batch negatives) comes in two
+  halves as well: `embed_fn(params, batch, rng, train)` -> embeddings (arrays of rows
+  [B, ...]) and `embedding_loss_fn(embeddings, batch)` -> (loss, metric sums), loss_fn
+  their composition (`embedding_task`). Micro-batches then train exactly as one batch
+  (steps.cached_gradients, GradCache)."""
   name: str
   model: nn.Module
   input_key: str
   loss_fn: Callable[..., tuple[jax.Array, Sums]]
   family: "Family"
   extra_keys: tuple[str, ...] = ()  # batch keys the model takes after MODEL_KWARGS (seq2seq)
+  embed_fn: Callable[..., Any] | None = None
+  embedding_loss_fn: Callable[..., tuple[jax.Array, Sums]] | None = None
 
   def example_batch(self, batch: dict[str, Any]) -> tuple:
     """The positional model inputs of a batch (for init)."""
@@ -63,6 +71,16 @@ class Embedding:
   """
   similarity: str = "cosine"
   nested_dims: tuple[int, ...] = ()
+
+
+def embedding_task(name: str, model: nn.Module, input_key: str, family: "Family",
+                   embed_fn: Callable[..., Any],
+                   embedding_loss_fn: Callable[..., tuple[jax.Array, Sums]]) -> Task:
+  """A Task whose loss is `embedding_loss_fn` of the batch's `embed_fn` embeddings."""
+  def loss_fn(params, batch, rng, train):
+    return embedding_loss_fn(embed_fn(params, batch, rng, train), batch)
+  return Task(name, model, input_key, loss_fn, family, embed_fn=embed_fn,
+              embedding_loss_fn=embedding_loss_fn)
 
 
 class Family:

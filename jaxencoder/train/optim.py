@@ -22,7 +22,8 @@ Config keys (defaults in `default_optim_config()`; unknown keys raise):
   grad_clip_norm    global-norm clipping of the trainable grads; 0 or None disables.
   grad_accum_steps  k: each step is one update over k micro-batches of batch_size rows
                     (train/steps.train_step sums their losses and weights, then
-                    divides once: the update of one k x batch_size batch). Read by the
+                    divides once: the update of one k x batch_size batch; contrastive
+                    tasks: GradCache, negatives over all k micro-batches). Read by the
                     training side; the optimizer itself sees one gradient per step, so
                     warmup and the schedule count updates.
   layer_decay       None or d in (0, 1]: LR x d ** distance, distance 0 above the stack

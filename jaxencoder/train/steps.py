@@ -106,11 +106,21 @@ def split_micro_batches(batch: dict[str, jax.Array], k: int) -> dict[str, jax.Ar
   return jax.tree.map(split, batch)
 
 
+def merge_micro_batches(micro, k: int):
+  """split_micro_batches undone: [k, B, ...] -> [k * B, ...] in the batch's row order."""
+  return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(k * x.shape[1], *x.shape[2:]),
+                      micro)
+
+
 def summed_gradients(task: Task, params, batch: dict[str, jax.Array], rng, *,
                      micro_batches: int = 1):
   """(gradients of sum(loss), metric sums) over the batch; with k micro-batches, the k
   sums of a scan over them (one micro-batch's activations live at a time), micro-batch j
-  drawing its dropout from fold_in(rng, j)."""
+  drawing its dropout from fold_in(rng, j). A task with a loss on the whole batch's
+  embeddings (Task.embed_fn) takes cached_gradients instead: the loss of one batch."""
+  if micro_batches > 1 and task.embed_fn is not None:
+    return cached_gradients(task, params, batch, rng, micro_batches=micro_batches)
+
   def loss_sum(params, batch, rng):
     _, sums = task.loss_fn(params, batch, rng, True)
     return sums["loss_sum"], sums
@@ -133,6 +143,38 @@ def summed_gradients(task: Task, params, batch: dict[str, jax.Array], rng, *,
   return grads, sums
 
 
+def cached_gradients(task: Task, params, batch: dict[str, jax.Array], rng, *,
+                     micro_batches: int):
+  """summed_gradients of a loss on embeddings (contrastive: in-batch negatives) over the
+  whole batch of k micro-batches, at one micro-batch's activation memory: GradCache (Gao et
+  al. 2021). (1) each micro-batch embedded without gradients; (2) the loss of all the
+  embeddings and its gradient with respect to them; (3) each micro-batch embedded again
+  and backpropagated with its embeddings' gradient (a vjp), parameter gradients summed.
+  Micro-batch j draws its dropout from fold_in(rng, j) in (1) and (3) alike, so (3)
+  recomputes exactly the embeddings (2) saw. Metric sums are the whole batch's."""
+  micro = (jnp.arange(micro_batches), split_micro_batches(batch, micro_batches))
+  embed = lambda params, j, micro_batch: task.embed_fn(
+      params, micro_batch, jax.random.fold_in(rng, j), True)
+  embeddings = merge_micro_batches(jax.lax.map(lambda xs: embed(params, *xs), micro),
+                                   micro_batches)
+
+  def loss_sum(embeddings):
+    _, sums = task.embedding_loss_fn(embeddings, batch)
+    return sums["loss_sum"], sums
+
+  (_, sums), d_embeddings = jax.value_and_grad(loss_sum, has_aux=True)(embeddings)
+
+  def backward(grads, xs):
+    j, micro_batch, d_micro = xs
+    _, vjp = jax.vjp(lambda p: embed(p, j, micro_batch), params)
+    return jax.tree.map(jnp.add, grads, vjp(d_micro)[0]), None
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  grads, _ = jax.lax.scan(backward, zeros,
+                          (*micro, split_micro_batches(d_embeddings, micro_batches)))
+  return grads, sums
+
+
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, task: Task,
                tx: optax.GradientTransformation, base_rng: jax.Array,
                axis_name: str | None = None, micro_batches: int = 1, trainable=None):
@@ -141,7 +183,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task: Task,
   Gradients are those of sum(loss) / sum(weight) over the whole batch: with
   `micro_batches=k` (optim.grad_accum_steps) the batch of k x B rows runs as k
   micro-batches whose summed losses and weights are divided once, so the update is the
-  one a single batch of k x B rows makes. `axis_name` (pmap compatibility, see
+  one a single batch of k x B rows makes (a loss on the whole batch's embeddings, as
+  contrastive in-batch negatives: cached_gradients). `axis_name` (pmap compatibility, see
   train/parallel.py) psums each device's gradient and metric sums first, so the update
   equals the jit path's for the same global batch. `trainable` (optim.trainable_mask of
   the params; None: all) keeps frozen leaves out of grad_norm, which is then the norm the
