@@ -15,7 +15,8 @@ TWINS = {"jaxencoder-train": "jaxencoder.train", "jaxencoder-data": "jaxencoder.
          "jaxencoder-convert": "jaxencoder.pretrained", "jaxencoder-probe": "jaxencoder.probing",
          "jaxencoder-tokenizer": "jaxencoder.tokenizer",
          "jaxencoder-predict": "jaxencoder.train.predict", "jaxencoder-plot": "jaxencoder.train.plots",
-         "jaxencoder-compile": "jaxencoder.aot", "jaxencoder-export": "jaxencoder.export"}
+         "jaxencoder-compile": "jaxencoder.aot", "jaxencoder-export": "jaxencoder.export",
+         "jaxencoder-eval": "jaxencoder.retrieval"}
 
 
 def test_every_tool_has_a_script_and_a_twin():

@@ -13,7 +13,6 @@ import pathlib
 import shutil
 import tempfile
 
-from jaxencoder import cli
 from jaxencoder.model import lora
 from jaxencoder.model.electra import Electra
 from jaxencoder.model.encoder import ENCODER
@@ -76,7 +75,6 @@ def convert(source, target, *, scan_layers: bool = False, overwrite: bool = Fals
                      "is a Hugging Face directory")
   outputs.check_apart(("--to", target), _inputs(source))
   outputs.check_replaceable("--to", target, TOOL, overwrite)
-  cli.log_backend()  # after the arguments' own errors (one line each), before the work
   local_parent = None if paths.is_url(target) else pathlib.Path(target).parent
   if local_parent is not None:
     local_parent.mkdir(parents=True, exist_ok=True)
