@@ -10,15 +10,17 @@ Chance is 25%. A tiny 2-layer BERT from scratch.
 Measured (2026-12-01, 2 shared CPU cores, ~5.5 min): train loss 1.390 (steps 1-25) ->
 1.324 (276-300); eval accuracy 31.6% (chance 25%). README "Heads and tasks".
 The checkpoint is chosen on a validation part of train (1 in 10 train examples,
-`data.holdout_every`; by position, the same for every seed, saved with the run's config)
-and the test split is scored once at the end with it (`data.test_split`: test_* metrics,
-a `test` row in metrics.jsonl). The numbers above were measured before that, with eval
-on test and every train example trained on.
+`data.holdout_every`; by position, the same for every seed, saved with the run's config) and
+the test split is scored once at the end with it (`data.test_split`: test_* metrics, a
+`test` row in metrics.jsonl). The numbers above were measured before that, with eval on test
+and every train example trained on. With it (2026-12-05, `python bench/results.py
+multiple_choice`, seed 0, 2 shared CPU cores): test accuracy 29.4% (31.6% before; chance
+25%), 3.0 min at load 4.6; RESULT declares it (one seed: its spread is a guess).
 """
 
 from jaxencoder.train.config import base_config
 
-RESULT = dict(metric="test_accuracy", values=(0.316,), spread=0.03)
+RESULT = dict(metric="test_accuracy", values=(0.294,), spread=0.03)
 
 
 def get_config():

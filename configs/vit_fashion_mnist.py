@@ -11,8 +11,9 @@ Measured 2026-12-01 on the 2-core CPU machine, idle, standard split (60k train /
 test accuracy 0.9023 at step 10000 (0.887 at 5000), 6 min 27 s wall including setup
 (data prepared) and both evals. Re-measured 2026-12-05 at the project's head (fresh data
 directory, the machine shared: load 4.3-5.7): 0.9023 again (seed 0), 8 min 34 s wall.
-One seed only: the seed-to-seed spread is not measured (RESULT's 0.01 is a guess; 0.9023
-clears the 0.90 goal by 0.002).
+Three seeds (2026-12-05, `python bench/results.py vit_fashion_mnist --seeds 3`, shared
+cores; seed 2 alone, idle: 7.4 min): 0.9023 / 0.8982 / 0.9006, mean 0.9004. The mean meets
+the 0.90 goal by 0.0004 only: one seed in three lands below it.
 Same recipe on one CPU device (before cpu_devices), same day:
   10000 steps   0.9029   9 min 58 s (a fast spell of this machine)
    9000 steps   0.9003  11 min 34 s (a slow spell: its speed drifts by ~35%)
@@ -28,8 +29,8 @@ from jaxencoder.train.config import base_config, model_config
 
 
 # What bench/results.py checks: eval accuracy at the last step (eval_split is the test split)
-# of seed 0 (above); one further than `spread` from it is flagged.
-RESULT = dict(metric="accuracy", values=(0.9023,), spread=0.01)
+# of seeds 0, 1, 2 (above); a mean further than `spread` from theirs is flagged.
+RESULT = dict(metric="accuracy", values=(0.9023, 0.8982, 0.9006), spread=0.01)
 
 
 def get_config():
