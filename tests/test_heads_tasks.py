@@ -16,6 +16,7 @@ import scipy.stats
 
 from conftest import random_ids, tiny_config
 from data_helpers import WORDS, tiny_tokenizer
+from jaxencoder import rank_correlation
 from jaxencoder.data import builders, records, shakespeare_tasks, sources
 from jaxencoder.data.readers import DataError
 from jaxencoder.model.heads import info_nce_loss
@@ -136,7 +137,7 @@ def test_spearman_matches_scipy_with_ties():
   x = rng.integers(0, 6, 50).astype(float)  # many ties
   y = x + rng.normal(size=50)
   assert regression.spearman(x, y) == pytest.approx(scipy.stats.spearmanr(x, y)[0], rel=1e-9)
-  np.testing.assert_allclose(regression.rank_average(x), scipy.stats.rankdata(x))
+  np.testing.assert_allclose(rank_correlation.rank_average(x), scipy.stats.rankdata(x))
 
 
 def test_ranked_sums_over_shuffled_batches_give_the_split_in_order():

@@ -15,11 +15,12 @@ import import_graph  # noqa: E402
 # folder -> folders it must not import (a top-level module is a folder of its own;
 # "package" is jaxencoder/__init__.py).
 EVERY_FOLDER = {"model", "train", "data", "pretrained", "probing", "io", "tokenizer", "cli",
-                "aot", "tasks", "progress", "export", "retrieval"}
+                "aot", "tasks", "progress", "export", "retrieval", "rank_correlation"}
 FORBIDDEN = {
     "errors": EVERY_FOLDER,  # the ground floor: errors every layer shares
     "_lazy": EVERY_FOLDER,  # lazy public names: the package's import stays light
     "tpu_host": EVERY_FOLDER,
+    "rank_correlation": EVERY_FOLDER,  # numpy rank statistics: tasks' and retrieval's metrics
     "cli": EVERY_FOLDER,  # the tools' shared helpers: light, no JAX (--help answers at once)
     "model": {"train", "data", "pretrained", "probing", "io", "tokenizer", "cli", "aot", "tasks",
               "retrieval"},

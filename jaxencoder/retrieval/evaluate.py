@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from jaxencoder.data import beir, scored_pairs
+from jaxencoder.rank_correlation import spearman
 from jaxencoder.retrieval import metrics, search
 
 Embed = Callable[[Sequence[str]], np.ndarray]
@@ -62,7 +63,7 @@ def sts_spearman(embed: Embed, pairs: scored_pairs.ScoredPairs) -> float:
   """Spearman's correlation of the pairs' cosine similarities with their gold scores."""
   unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
   a_NxD, b_NxD = unit(embed(pairs.texts)), unit(embed(pairs.texts_b))
-  return metrics.spearman(np.sum(a_NxD * b_NxD, -1), pairs.scores)
+  return spearman(np.sum(a_NxD * b_NxD, -1), pairs.scores)
 
 
 def report(values: dict[str, float], *, as_json: bool = False) -> str:

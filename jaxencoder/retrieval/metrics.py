@@ -1,11 +1,11 @@
-"""The metrics retrieval and STS work report, from ranked corpus ids and judgements (numpy).
+"""The metrics retrieval work reports, from ranked corpus ids and judgements (numpy); STS's
+Spearman is jaxencoder/rank_correlation.py's.
 
   ndcg@10     sum of gain / log2(rank + 1) over the top 10, over the same for the ideal
               order of the query's judgements; gain = the judged score (graded, as
               trec_eval / pytrec_eval, which BEIR uses)
   mrr@10      1 / the rank of the first relevant document (score > 0) in the top 10, else 0
   recall@100  the share of the query's relevant documents in its top 100
-  spearman    the rank correlation of predicted and gold scores (ties: mean ranks)
 
 Each retrieval metric is the mean over the queries with at least one relevant document.
 """
@@ -37,24 +37,3 @@ def _one_query(ids: list[int], judged: dict[int, int]) -> tuple[float, float, fl
   relevant = {d for d, s in judged.items() if s > 0}
   return (discount(gains) / discount(ideal), 0.0 if first is None else 1 / (first + 1),
           len(relevant & set(ids[:RECALL_AT])) / len(relevant))
-
-
-def ranks(x_N: np.ndarray) -> np.ndarray:
-  """1-based ranks of `x_N`, tied values sharing their mean rank."""
-  x_N = np.asarray(x_N, np.float64)
-  order = np.argsort(x_N, kind="stable")
-  sorted_N = x_N[order]
-  starts = np.flatnonzero(np.r_[True, sorted_N[1:] != sorted_N[:-1]])  # each run of ties
-  ends = np.r_[starts[1:], len(x_N)]
-  mean_rank = (starts + ends + 1) / 2  # ranks start..end-1 (0-based) -> their mean, 1-based
-  out = np.empty(len(x_N))
-  out[order] = np.repeat(mean_rank, ends - starts)
-  return out
-
-
-def spearman(predicted_N, gold_N) -> float:
-  """Spearman's rank correlation; 0 where either side is constant (no order to match)."""
-  a, b = ranks(predicted_N), ranks(gold_N)
-  a, b = a - a.mean(), b - b.mean()
-  norm = np.sqrt((a * a).sum() * (b * b).sum())
-  return float((a * b).sum() / norm) if norm > 0 else 0.0

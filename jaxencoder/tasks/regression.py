@@ -14,6 +14,7 @@ import numpy as np
 from jaxencoder.data import records
 from jaxencoder.data.readers import as_text
 from jaxencoder.model.heads import EncoderClassifier
+from jaxencoder.rank_correlation import spearman
 from jaxencoder.tasks.base import (INPUT_KEYS, Family, Sums, Task, apply_model, loss_summary,
                                    mean_loss, per_example, record_shapes, text_shapes)
 
@@ -49,25 +50,6 @@ def ranked_sums(pred_B, target_B, weights_B, index_B, capacity: int = RANK_CAPAC
       jnp.where(keep_B, x_B.astype(jnp.float32), 0.0))
   return {"ranked_pred": put(pred_B), "ranked_target": put(target_B),
           "ranked_count": put(jnp.ones_like(pred_B))}
-
-
-def rank_average(x_N: np.ndarray) -> np.ndarray:
-  """1-based ranks, ties sharing their mean rank (as scipy.stats.rankdata)."""
-  order = np.argsort(x_N, kind="stable")
-  sorted_N = x_N[order]
-  starts = np.flatnonzero(np.r_[True, sorted_N[1:] != sorted_N[:-1]])
-  ends = np.r_[starts[1:], len(x_N)]
-  ranks = np.empty(len(x_N))
-  ranks[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
-  return ranks
-
-
-def spearman(pred_N, target_N) -> float:
-  """Spearman's rho: Pearson's r of the average ranks."""
-  rp = rank_average(np.asarray(pred_N, np.float64))
-  rt = rank_average(np.asarray(target_N, np.float64))
-  return pearson_from_sums(len(rp), rp.sum(), rt.sum(), (rp * rp).sum(), (rt * rt).sum(),
-                           (rp * rt).sum())
 
 
 def regression_features(tokenizer, seq_len: int):
