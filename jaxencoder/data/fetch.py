@@ -16,6 +16,9 @@
                  (Amazon fine-food reviews, score great/other; 4000 / 1000)
   austen         apt-get download r-cran-janeaustenr    → raw/austen/<book>.txt
                  (Jane Austen's six novels, ~718k words; an MLM corpus)
+  agreement_pairs  subject-verb agreement minimal pairs with attractors, generated from
+                 templates (data/agreement.py; nothing downloaded) → raw/agreement_pairs/
+                 pairs.jsonl: for `jaxencoder-probe --patch`
 
 data_dir may be a gs:// URL: files are downloaded locally, then copied there.
 """
@@ -38,12 +41,13 @@ import zlib
 
 from etils import epath
 
-from jaxencoder.data import shakespeare_tasks
+from jaxencoder.data import agreement, shakespeare_tasks
 from jaxencoder.data.readers import DataError
 from jaxencoder.io import paths
 
+AGREEMENT = "agreement_pairs"  # generated (data/agreement.py), not a training set
 SOURCES = ("shakespeare", "fashion_mnist", "ucr", "wsj_pos", "fine_foods", "austen"
-           ) + shakespeare_tasks.SOURCES + (shakespeare_tasks.RETRIEVAL,)
+           ) + shakespeare_tasks.SOURCES + (shakespeare_tasks.RETRIEVAL, AGREEMENT)
 AUSTEN_BOOKS = ("prideprejudice", "sensesensibility", "mansfieldpark", "emma",
                 "northangerabbey", "persuasion")  # janeaustenr's objects: one line each
 WSJ_TEST_EVERY = 10  # wsj_pos: every 10th line of the corpus (a WSJ passage) is test
@@ -96,6 +100,8 @@ def fetch(name: str, data_dir) -> epath.Path:
     shakespeare_tasks.write(name, fetch("shakespeare", data_dir), out)
   elif name == shakespeare_tasks.RETRIEVAL:
     shakespeare_tasks.write_retrieval(fetch("shakespeare_speeches", data_dir) / "test.csv", out)
+  elif name == AGREEMENT:
+    agreement.write_source(out)
   else:
     with tempfile.TemporaryDirectory() as tmp:
       {"shakespeare": _shakespeare, "fashion_mnist": _fashion_mnist, "ucr": _ucr,
