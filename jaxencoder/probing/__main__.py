@@ -87,6 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
                      "head alone, the gradient estimate, and the pruning curve")
   study.add_argument("--heads-sentences", type=int, default=256,
                      help="sentences the head study runs on (default 256)")
+  study.add_argument("--amnesic", action="store_true", help="amnesic probing: erase the "
+                     "property (LEACE) at each layer, rerun the rest of the model and report "
+                     "its own objective (MLM loss and accuracy, or a classifier's loss) before "
+                     "and after, a random-direction control, and the probe after erasure; "
+                     "needs an MLM or classifier head")
+  study.add_argument("--amnesic-sentences", type=int, default=256,
+                     help="--amnesic: test-split sentences the objective is scored on")
+  study.add_argument("--patch", metavar="PAIRS", help="activation patching on minimal pairs "
+                     "(JSON lines: clean, corrupted, target_clean, target_corrupted; `python "
+                     "-m jaxencoder.data fetch agreement_pairs` writes some): the recovered "
+                     "logit difference per layer x position and layer x head; needs an MLM head")
   study.add_argument("--similarity", action="store_true", help="CKA between every layer pair "
                      "of the model and, with --against / --against-checkpoint, another one")
   study.add_argument("--against", help="--similarity: a second Hugging Face encoder dir")
@@ -111,6 +122,9 @@ def check_study_flags(args: argparse.Namespace) -> None:
   if args.against and args.against_checkpoint:
     raise ValueError("--similarity compares against one model: pass --against or "
                      "--against-checkpoint, not both")
+  if (args.amnesic or args.patch) and (args.similarity or args.steps):
+    raise ValueError("--amnesic / --patch study one checkpoint: run them without "
+                     "--similarity and --steps")
   if args.similarity and args.steps:
     raise ValueError("--similarity and --steps are separate studies: run them one at a time")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 
 from jaxencoder import cli, progress
@@ -15,9 +16,10 @@ from jaxencoder.data import readers
 from jaxencoder.io import outputs, paths
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.pretrained import resolver
-from jaxencoder.probing import compare, dynamics, images, probes, representation, study
+from jaxencoder.probing import (causal, compare, dynamics, images, objectives, probes,
+                                representation, study)
 from jaxencoder.probing.health import HealthThresholds
-from jaxencoder.probing.load import load_checkpoint, load_pretrained, read_data
+from jaxencoder.probing.load import class_names, load_checkpoint, load_pretrained, read_data
 
 TOOL = "jaxencoder-probe"  # named in the marker of what it writes (io.outputs)
 
@@ -32,7 +34,8 @@ def options_from(args: argparse.Namespace, hf_dir=None) -> study.StudyOptions:
       mdl=args.mdl, heads=args.heads, heads_sentences=args.heads_sentences,
       collapse=representation.CollapseThresholds.from_dict(json.loads(args.collapse)),
       health_thresholds=HealthThresholds.from_dict(json.loads(args.health)),
-      attention_sentence=args.sentence,
+      attention_sentence=args.sentence, amnesic=args.amnesic,
+      amnesic_sentences=args.amnesic_sentences, patch=args.patch,
       image_norm=images.hf_normalisation(hf_dir) if hf_dir else None)
 
 
@@ -47,25 +50,30 @@ def probe(args: argparse.Namespace) -> dict:
     local = lambda p: p and str(stack.enter_context(paths.local_copy(p)))
     resize = {"max_len": args.max_len, "image_size": args.image_size}
     hf_dir = None
+    whole = bool(args.amnesic or args.patch)  # the causal studies need the model's head
     with progress.phase(f"loading {args.checkpoint or args.pretrained}"):
       if args.checkpoint:  # a run directory is read in place (orbax reads gs:// itself)
         cfg, params, tokenizer = load_checkpoint(args.checkpoint, local(args.tokenizer),
-                                                 **resize)
+                                                 with_head=whole, **resize)
       else:
         hf_dir = local(_pretrained_dir(args.pretrained))
-        cfg, params, tokenizer = load_pretrained(hf_dir, local(args.tokenizer), **resize)
+        cfg, params, tokenizer = load_pretrained(hf_dir, local(args.tokenizer),
+                                                 with_head=whole, **resize)
+    options = options_from(args, hf_dir)
+    model_params = None
+    if whole:
+      model_params, params, options = _causal_inputs(args, params, options, local)
     dataset = _read_data(args, local(args.data), cfg)
     cli.log_backend()  # after the model's and data's own errors, before the study
     out = paths.as_path(args.out)
     out_local = stack.enter_context(outputs.replacing("--out", out, TOOL, args.overwrite))
-    options = options_from(args, hf_dir)
     source = args.checkpoint or args.pretrained
     if args.similarity:
       rep = _similarity(args, local, resize, cfg, params, tokenizer, dataset, out_local,
                         options, source)
     else:
       rep = study.run(cfg, params, tokenizer, dataset, out_local, options,
-                      workdir=args.checkpoint, source=source)
+                      workdir=args.checkpoint, source=source, model_params=model_params)
       if args.steps:
         rep = dynamics.run_steps(args.checkpoint, args.steps, cfg, tokenizer, dataset,
                                  out_local, options, rep)
@@ -78,10 +86,24 @@ def probe(args: argparse.Namespace) -> dict:
   return rep
 
 
+def _causal_inputs(args: argparse.Namespace, params, options: study.StudyOptions, local):
+  """(the whole model's params, the Encoder's, options with the patch file's local copy
+  and a classifier run's class names): --amnesic / --patch, their model checked first."""
+  flag = "--checkpoint" if args.checkpoint else "--pretrained"
+  causal.check_model(params, amnesic_study=args.amnesic, patch=args.patch,
+                     source=f"{flag} {args.checkpoint or args.pretrained}")
+  names = None
+  if objectives.head_of(params) == objectives.CLASSIFIER_HEAD and args.checkpoint:
+    names = class_names(args.checkpoint)
+  options = dataclasses.replace(options, patch=local(args.patch),
+                                class_names=tuple(names) if names else None)
+  return params, params[objectives.ENCODER], options
+
+
 def _inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
   """Every path the study reads (runs with their tokenizers), labelled by its flag."""
   inputs = [(flag, getattr(args, flag[2:].replace("-", "_")))
-            for flag in ("--pretrained", "--data", "--tokenizer", "--against")]
+            for flag in ("--pretrained", "--data", "--tokenizer", "--against", "--patch")]
   for flag in ("--checkpoint", "--against-checkpoint"):
     run = getattr(args, flag[2:].replace("-", "_"))
     inputs += outputs.run_inputs(flag, RunDir.open(run)) if run else []

@@ -22,7 +22,7 @@ from jaxencoder import progress as progress_lib
 from jaxencoder.model.config import EncoderConfig
 from jaxencoder.io.run_dir import RunDir
 from jaxencoder.probing import features as features_lib
-from jaxencoder.probing import (head_study, health, images, mdl, probe_report, probes,
+from jaxencoder.probing import (causal, head_study, health, images, mdl, probe_report, probes,
                                 representation)
 
 
@@ -45,11 +45,17 @@ class StudyOptions:
   mdl: bool = False  # also MDL probes (online code) per layer
   heads: bool = False  # head importance (mask each head; gradient estimate; pruning)
   heads_sentences: int = 128  # test-split sentences the head study runs on
+  amnesic: bool = False  # amnesic probing (erase at each layer, rerun): needs model_params
+  amnesic_sentences: int = 256  # test-split sentences its objective is scored on
+  patch: str | None = None  # minimal pairs (JSON lines) to patch: needs an MLM head
+  class_names: tuple[str, ...] | None = None  # a classifier run's classes (amnesic's loss)
 
 
 def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, out_dir,
-        options: StudyOptions = StudyOptions(), *, workdir=None, source: str = "") -> dict:
-  """Runs every analysis, writes out_dir/report.json and the PNG plots; returns the report."""
+        options: StudyOptions = StudyOptions(), *, workdir=None, source: str = "",
+        model_params=None) -> dict:
+  """Runs every analysis, writes out_dir/report.json and the PNG plots; returns the report.
+  `model_params`: the whole model's ({"encoder", head}), for options.amnesic / patch."""
   is_image = dataset.level == "image"
   count = len(dataset) if is_image else len(dataset.sentences)
   if count < probes.MIN_SENTENCES:
@@ -59,7 +65,7 @@ def run(cfg: EncoderConfig, params, tokenizer, dataset: features_lib.Dataset, ou
   out_dir.mkdir(parents=True, exist_ok=True)
   with feature_dir(out_dir, options) as features_at:
     return _study(cfg, params, tokenizer, dataset, out_dir, options, features_at,
-                  workdir=workdir, source=source)
+                  workdir=workdir, source=source, model_params=model_params)
 
 
 def feature_dir(out_dir: pathlib.Path, options: StudyOptions):
@@ -73,7 +79,7 @@ def feature_dir(out_dir: pathlib.Path, options: StudyOptions):
 
 
 def _study(cfg, params, tokenizer, dataset, out_dir: pathlib.Path, options: StudyOptions,
-           features_at, *, workdir, source: str) -> dict:
+           features_at, *, workdir, source: str, model_params=None) -> dict:
   """`run` once the features' place is settled."""
   is_image = dataset.level == "image"
   started = time.time()
@@ -96,6 +102,8 @@ def _study(cfg, params, tokenizer, dataset, out_dir: pathlib.Path, options: Stud
                                   sentences=options.heads_sentences,
                                   batch_size=options.batch_size,
                                   max_length=options.max_length, progress=options.progress)
+  if options.amnesic or options.patch:
+    rep.update(causal.run(cfg, model_params, tokenizer, dataset, feats, rep, options))
   with progress_lib.phase(f"representation health of {len(feats.layers)} layers",
                           enabled=options.progress):
     rep["representation"] = representation.all_layers(feats.layers, options.collapse,
@@ -211,6 +219,7 @@ def _plots(cfg, params, tokenizer, dataset, feats, rep, out_dir, options) -> lis
                                                 fmt=".3f", context=context))
     paths.append(probe_report.plot_pruning(rep["heads"]["pruning"], out_dir / "head_pruning.png",
                                            context=context))
+  paths += causal.plots(rep, out_dir, context)
   paths.append(probe_report.plot_cosine_by_layer(rep["representation"], out_dir / "cosine.png",
                                                  context=context))
   if feats.attention is not None:
@@ -285,6 +294,7 @@ def summary(rep: dict) -> str:
               for n, row in enumerate(rep["attention"]["entropy"])]
   if rep.get("training_health"):
     lines.append(health.verdict_line(rep["training_health"]))
+  lines += causal.summaries(rep)
   return "\n".join(lines)
 
 
