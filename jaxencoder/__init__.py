@@ -16,6 +16,7 @@ _EXPORTS = {
               "SequenceClassificationHead", "TokenClassificationHead", "ContrastiveHead",
               "cosine_similarity", "info_nce_loss"),
     "model.electra": ("Electra",),
+    "model.interventions": ("Interventions",),
     "model.stack_layout": ("loop_to_scan", "scan_to_loop"),
     "loading": ("load", "LoadedModel"),  # any checkpoint by name or path
 }

@@ -142,6 +142,8 @@ class AttentionInputs:
   # base; the mask already says which): None, a bool, or traced (a plain scan).
   local: Any = None
   head_mask_H: jax.Array | None = None  # scales each head's output (0 drops it)
+  # This layer's interventions.LayerEdit (its `heads` patches the heads' outputs); None.
+  edit: Any = None
 
 
 class MultiHeadAttention(AttentionLayer):
@@ -151,13 +153,14 @@ class MultiHeadAttention(AttentionLayer):
   @nn.compact
   def __call__(self, x_BxLxD, inputs: AttentionInputs, query_rows_BxQ=None, *,
                deterministic: bool):
-    """(out [B, L, D], attention weights [B, H, L, L] or None: only `xla` returns them).
+    """(out [B, L, D], attention weights [B, H, L, L] or None: only `xla` returns them,
+    the heads' outputs [B, L, H, K] that the output projection reads).
 
     Attends from every position, or only from `query_rows_BxQ` (then L above reads Q for
     the queries and the output is [B, Q, D]; keys and values still span all L).
     A traced `inputs.local` (scanned stack) has no static window: only `xla` and `fused`
     serve it. `inputs.head_mask_H` scales each head's output before the output projection,
-    whichever kernel computed it.
+    whichever kernel computed it; then `inputs.edit` patches it.
     """
     cfg, plan, local = self.cfg, inputs.plan, inputs.local
     static_window = local is None or isinstance(local, bool)
@@ -183,4 +186,6 @@ class MultiHeadAttention(AttentionLayer):
     out_BxQxHxK, probs_BxHxQxL = plan.kernel(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, call)
     if inputs.head_mask_H is not None:
       out_BxQxHxK = out_BxQxHxK * inputs.head_mask_H.astype(out_BxQxHxK.dtype)[None, None, :, None]
-    return self.merge_heads(out_BxQxHxK, deterministic), probs_BxHxQxL
+    if inputs.edit is not None:
+      out_BxQxHxK = inputs.edit.heads(out_BxQxHxK)
+    return self.merge_heads(out_BxQxHxK, deterministic), probs_BxHxQxL, out_BxQxHxK

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from typing import Any
@@ -17,6 +18,7 @@ from jaxencoder.model.embeddings import Embeddings
 from jaxencoder.model.flash import AttentionPlan, plan_layers
 from jaxencoder.model.ffn import FeedForward
 from jaxencoder.model.inputs import check_inputs, check_output_positions
+from jaxencoder.model.interventions import Interventions
 from jaxencoder.model.layers import constrain, norm, take_rows
 from jaxencoder.model.masks import make_attention_mask
 from jaxencoder.model.pooling import Pooler
@@ -78,6 +80,8 @@ class EncoderOutput:
   pooled: jax.Array  # [B, D]
   hidden_states: tuple[jax.Array, ...] | None = None  # N + 1 of [B, L, D]
   attentions: tuple[jax.Array, ...] | None = None  # N of [B, H, L, L]
+  # N of [B, L, H, K]: each head's output before the output projection
+  head_outputs: tuple[jax.Array, ...] | None = None
 
 
 @flax.struct.dataclass
@@ -98,6 +102,8 @@ class BlockInputs:
   local_mask_Bx1xLxL: jax.Array | None = None
   # 1 keeps head h of layer n, 0 zeroes its output before the output projection; None: all.
   head_mask_NxH: jax.Array | None = None
+  interventions: Interventions | None = None  # None: no edits, nothing traced
+  output_head_outputs: bool = flax.struct.field(pytree_node=False, default=False)
 
   def plan(self, layer: int | None) -> AttentionPlan:
     """Layer `layer`'s plan; None (a plain scan, whose layers all share one plan): layer 0's."""
@@ -106,6 +112,10 @@ class BlockInputs:
   def layer_head_mask(self, index):
     """Layer `index`'s row of the head mask [H] (index an int or traced); None without."""
     return None if self.head_mask_NxH is None else self.head_mask_NxH[index]
+
+  def layer_edit(self, index):
+    """Layer `index`'s interventions.LayerEdit (index an int or traced); None without."""
+    return None if self.interventions is None else self.interventions.at_layer(index)
 
   def layer_mask(self, local):
     """The mask of a layer: `local` None (no per-layer pattern), a bool, or traced."""
@@ -136,6 +146,7 @@ class EncoderBlock(nn.Module):
   `layer` in a looped stack, `scanned_layer` (traced) in a scanned one. Whether it attends
   globally or locally, and its attention plan, are static: from `layer`, else from `slot`
   (its place in one period of the layer pattern, under a scan by period), else traced.
+  Its row of `inputs.interventions` edits its heads' outputs and then its output x.
   """
   cfg: EncoderConfig
   layer: int | None = None
@@ -153,11 +164,12 @@ class EncoderBlock(nn.Module):
     local = local_layer(cfg, index if static is None else static)
     attention = MultiHeadAttention(cfg, name="attention")
     h_BxLxD = self._attention_input(x_BxLxD, index) if pre else x_BxLxD
+    edit = inputs.layer_edit(index)
     attention_inputs = AttentionInputs(
         inputs.layer_mask(local), inputs.bias_BxHxLxL, inputs.key_mask_BxL, inputs.positions_BxL,
-        inputs.segment_ids_BxL, inputs.plan(static), local, inputs.layer_head_mask(index))
-    h_BxLxD, probs_BxHxLxL = attention(h_BxLxD, attention_inputs, query_rows_BxQ,
-                                       deterministic=inputs.deterministic)
+        inputs.segment_ids_BxL, inputs.plan(static), local, inputs.layer_head_mask(index), edit)
+    h_BxLxD, probs_BxHxLxL, heads_BxLxHxK = attention(h_BxLxD, attention_inputs, query_rows_BxQ,
+                                                      deterministic=inputs.deterministic)
     if query_rows_BxQ is not None:  # from here on only the Q query rows: [B, Q, D]
       x_BxLxD = take_rows(x_BxLxD, query_rows_BxQ)
     x_BxLxD = x_BxLxD + drop(h_BxLxD)
@@ -168,9 +180,12 @@ class EncoderBlock(nn.Module):
     x_BxLxD = x_BxLxD + drop(h_BxLxD)
     if not pre:
       x_BxLxD = norm(cfg, name="ffn_norm")(x_BxLxD)
+    if edit is not None:
+      x_BxLxD = edit.stream(x_BxLxD)
     x_BxLxD = constrain(x_BxLxD)
     out = {"hidden_state": x_BxLxD if inputs.output_hidden_states else None,
-           "attention": probs_BxHxLxL if inputs.output_attentions else None}
+           "attention": probs_BxHxLxL if inputs.output_attentions else None,
+           "head_outputs": heads_BxLxHxK if inputs.output_head_outputs else None}
     return x_BxLxD, out
 
   def _attention_input(self, x_BxLxD, index):
@@ -278,12 +293,39 @@ class _PeriodicStack(nn.Module):
     return x_BxLxD, outs
 
 
+@dataclasses.dataclass(frozen=True)
+class ProbeOptions:
+  """The Encoder call's keyword options for studies of the model: what else to return
+  and what to change on the way (see Encoder)."""
+  output_hidden_states: bool = False
+  output_attentions: bool = False
+  output_head_outputs: bool = False
+  head_mask: Any = None  # [N, H]
+  interventions: Interventions | None = None
+
+  @classmethod
+  def of(cls, options: dict[str, Any]) -> ProbeOptions:
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+      raise TypeError(f"Encoder got unexpected keyword arguments {unknown}; its options are "
+                      f"{[f.name for f in dataclasses.fields(cls)]}")
+    return cls(**options)
+
+  @property
+  def every_row(self) -> bool:
+    """Whether the last block must compute every row (no sparse last block)."""
+    return (self.output_hidden_states or self.output_attentions or self.output_head_outputs
+            or self.interventions is not None)
+
+
 class Encoder(nn.Module):
   """Transformer encoder over token ids, images or continuous series.
 
   Call: `model.apply(variables, inputs, attention_mask=None, token_type_ids=None,
-  segment_ids=None, positions=None, deterministic=True, output_hidden_states=False,
-  output_attentions=False, head_mask=None)` -> EncoderOutput. `inputs` is int ids [B, L] (text),
+  segment_ids=None, positions=None, deterministic=True, output_positions=None,
+  output_hidden_states=False, output_attentions=False, output_head_outputs=False,
+  head_mask=None, interventions=None)` -> EncoderOutput (the options after
+  output_positions: ProbeOptions). `inputs` is int ids [B, L] (text),
   float images [B, H, W, C] or float series [B, L, F], per `cfg.input_kind`.
   `segment_ids` [B, L] mark packed sequences (0 = padding); tokens attend only
   within their segment. `output_positions` [B, M] (e.g. MLM's masked positions)
@@ -293,19 +335,20 @@ class Encoder(nn.Module):
   position): same values, about (1 - M/L) of a layer's work saved.
   `head_mask` [num_layers, num_heads] (1 keeps, 0 zeroes a head's output before the
   output projection; fractions scale it) serves head-importance studies, with every
-  attention implementation.
+  attention implementation. `output_head_outputs` returns those per-head outputs
+  ([B, L, H, K] per layer). `interventions` (an interventions.Interventions) patches,
+  erases or ablates layer n's output (hidden_states[n + 1]; the last block's before a
+  pre-norm final norm) or a head's output, in every layout and attention implementation;
+  absent, nothing is traced for it.
   """
   cfg: EncoderConfig
 
   @nn.compact
   def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
-               positions=None, *, deterministic: bool = True,
-               output_hidden_states: bool = False, output_attentions: bool = False,
-               output_positions=None, head_mask=None):
-    cfg = self.cfg
+               positions=None, *, deterministic: bool = True, output_positions=None,
+               **options):
+    cfg, options = self.cfg, ProbeOptions.of(options)
     len_BxL = check_inputs(cfg, inputs, attention_mask, token_type_ids, segment_ids, positions)
-    if head_mask is not None:
-      head_mask = check_head_mask(cfg, head_mask)
     if cfg.attention_impl == "linear" and segment_ids is not None:
       raise ValueError("attention_impl='linear' does not support segment_ids (packed rows)")
     if attention_mask is None:
@@ -319,17 +362,38 @@ class Encoder(nn.Module):
       check_output_positions(output_positions, *x_BxLxD.shape[:2])
     # Init runs the full stack, which creates the scanned params in their stored layout.
     sparse_last = (output_positions is not None and cfg.pooling == "cls"
-                   and not output_hidden_states and not output_attentions
-                   and not self.is_initializing())
+                   and not options.every_row and not self.is_initializing())
     rows_BxQ = None  # rows the last block computes: position 0 (cls pooling) + output_positions
     if sparse_last:
       rows_BxQ = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions], 1)
+    block_inputs = self._block_inputs(x_BxLxD.shape[:2], mask_BxL, segment_ids, positions_BxL,
+                                      deterministic, options, sparse_last)
+    last_BxLxD, layer_outs = self._stack(x_BxLxD, block_inputs, rows_BxQ)
+    if cfg.norm_position == "pre":
+      last_BxLxD = norm(cfg, name="final_norm")(last_BxLxD)
+    # Sparse: last_BxLxD holds the Q = 1 + M rows, [CLS] first (cls pooling reads row 0).
+    pool_in = (last_BxLxD[:, :1], mask_BxL[:, :1]) if sparse_last else (last_BxLxD, mask_BxL)
+    pooled_BxD = Pooler(cfg, name="pooler")(*pool_in)
+    hidden = None
+    if options.output_hidden_states:
+      hidden = (x_BxLxD,) + tuple(o["hidden_state"] for o in layer_outs[:-1]) + (last_BxLxD,)
+    per_layer = lambda key, wanted: tuple(o[key] for o in layer_outs) if wanted else None
+    if output_positions is not None:
+      last_BxLxD = last_BxLxD[:, 1:] if sparse_last else take_rows(last_BxLxD, output_positions)
+    return EncoderOutput(last_BxLxD, pooled_BxD, hidden,
+                         per_layer("attention", options.output_attentions),
+                         per_layer("head_outputs", options.output_head_outputs))
+
+  def _block_inputs(self, len_BxL, mask_BxL, segment_ids, positions_BxL, deterministic: bool,
+                    options: ProbeOptions, sparse_last: bool) -> BlockInputs:
+    """What every block of this call shares: attention plans, masks, bias, probe options."""
+    cfg = self.cfg
     mixed = cfg.global_attention_every > 0  # global and local layers
     if self.is_initializing() and mixed and cfg.scan_layers:
       plans = ()  # one plain scan (its layer kinds traced) creates the params: xla
     else:
       plans = plan_layers(
-          cfg, output_attentions=output_attentions, sparse_last=sparse_last,
+          cfg, output_attentions=options.output_attentions, sparse_last=sparse_last,
           dropout_active=not deterministic and cfg.attention_dropout_rate > 0,
           has_bias=cfg.position_embedding == "relative")
     mask_Bx1xLxL = local_mask_Bx1xLxL = None  # flash kernels take padding as lengths or
@@ -344,23 +408,16 @@ class Encoder(nn.Module):
     bias_BxHxLxL = None
     if cfg.position_embedding == "relative":
       bias_BxHxLxL = RelativePositionBias(cfg, name="relative_bias")(positions_BxL)
-
-    block_inputs = BlockInputs(mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL,
-                               segment_ids, deterministic, output_attentions,
-                               output_hidden_states, plans, local_mask_Bx1xLxL, head_mask)
-    last_BxLxD, layer_outs = self._stack(x_BxLxD, block_inputs, rows_BxQ)
-    if cfg.norm_position == "pre":
-      last_BxLxD = norm(cfg, name="final_norm")(last_BxLxD)
-    # Sparse: last_BxLxD holds the Q = 1 + M rows, [CLS] first (cls pooling reads row 0).
-    pool_in = (last_BxLxD[:, :1], mask_BxL[:, :1]) if sparse_last else (last_BxLxD, mask_BxL)
-    pooled_BxD = Pooler(cfg, name="pooler")(*pool_in)
-    hidden = None
-    if output_hidden_states:
-      hidden = (x_BxLxD,) + tuple(o["hidden_state"] for o in layer_outs[:-1]) + (last_BxLxD,)
-    attentions = tuple(o["attention"] for o in layer_outs) if output_attentions else None
-    if output_positions is not None:
-      last_BxLxD = last_BxLxD[:, 1:] if sparse_last else take_rows(last_BxLxD, output_positions)
-    return EncoderOutput(last_BxLxD, pooled_BxD, hidden, attentions)
+    head_mask = options.head_mask
+    if head_mask is not None:
+      head_mask = check_head_mask(cfg, head_mask)
+    interventions = options.interventions
+    if interventions is not None:
+      interventions = interventions.checked(cfg, *len_BxL)
+    return BlockInputs(mask_Bx1xLxL, bias_BxHxLxL, mask_BxL, positions_BxL, segment_ids,
+                       deterministic, options.output_attentions, options.output_hidden_states,
+                       plans, local_mask_Bx1xLxL, head_mask, interventions,
+                       options.output_head_outputs)
 
   def _stack(self, x_BxLxD, inputs: BlockInputs,
              last_rows_BxQ=None) -> tuple[jax.Array, list[dict[str, Any]]]:

@@ -69,7 +69,8 @@ class EncoderForMaskedLM(nn.Module):
   block, see Encoder's `output_positions`) elsewhere; the EncoderOutput's
   last_hidden_state is then [B, M, D] too. project=False: the head's VocabProjection
   in place of the logits (a loss that projects it in chunks). `encoder_options`: the
-  Encoder's output_hidden_states, output_attentions and head_mask.
+  Encoder's ProbeOptions (output_hidden_states, output_attentions, output_head_outputs,
+  head_mask, interventions).
   """
   cfg: EncoderConfig
 
