@@ -286,8 +286,7 @@ def plot(result: dict, path, *, context: str = ""):
   head_NxH = np.array(result["layer_head"], float)
   n, length = position_NxL.shape
   fig, (left, right) = probe_report.subplots(
-      1, 2, figsize=(0.55 * (length + head_NxH.shape[1]) + 4, 0.5 * n + 2.5),
-      gridspec_kw={"width_ratios": [length, head_NxH.shape[1]]})
+      1, 2, figsize=(0.55 * (length + head_NxH.shape[1]) + 4, 0.5 * n + 2.5))
   for ax, values, labels, what in ((left, position_NxL, result["positions"], "position"),
                                    (right, head_NxH, range(head_NxH.shape[1]), "head")):
     image = ax.imshow(values, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
