@@ -179,13 +179,14 @@ def _sweep(cfg, kind: str, params, inputs, index_c, a_c, b_c, clean_NxcxLx, laye
   slots = length if kind == "position" else cfg.num_heads
   rep = lambda x: jnp.repeat(x, slots, axis=0)
   slot_B = jnp.tile(jnp.arange(slots), c)
-  at_layer_N = jnp.arange(num_layers) == layer
+  at_layer_Nx1x1 = (jnp.arange(num_layers) == layer)[:, None, None]
   value = jnp.repeat(clean_NxcxLx, slots, axis=1)
+  slot_1xBx1 = slot_B[None, :, None]
   if kind == "position":
-    where_NxBxL = at_layer_N[:, None, None] & (jnp.arange(length)[None, None] == slot_B[None, :, None])
+    where_NxBxL = at_layer_Nx1x1 & (jnp.arange(length)[None, None] == slot_1xBx1)
     patch = Interventions.patch_layers(where_NxBxL.astype(jnp.float32), value)
   else:
-    where_NxBxH = at_layer_N[:, None, None] & (jnp.arange(slots)[None, None] == slot_B[None, :, None])
+    where_NxBxH = at_layer_Nx1x1 & (jnp.arange(slots)[None, None] == slot_1xBx1)
     where_NxBxLxH = jnp.broadcast_to(where_NxBxH[:, :, None, :],
                                      (num_layers, len(slot_B), length, slots))
     patch = Interventions.patch_heads(where_NxBxLxH.astype(jnp.float32), value)
@@ -239,6 +240,8 @@ def run(cfg: EncoderConfig, params, tokenizer, path, *, progress: bool = True) -
       ld_clean, ld_corrupt, layers, heads = clean_and_corrupt(cfg, params, group)
       count = len(group.lines)
       positions_NxL = sweep(cfg, params, group, layers, "position", bar=bar) / count
+      if cfg.norm_position == "pre":  # hidden_states[N] is after the final norm, not where
+        positions_NxL[-1] = np.nan    # the last block's patch goes: no clean value for it
       heads_NxH = heads_NxH + sweep(cfg, params, group, heads, "head", bar=bar)
       sums += [count, ld_clean.sum(), ld_corrupt.sum(), (ld_clean > 0).sum()]
       out_groups.append({"name": group.name, "pairs": count, "positions": group.tokens,
@@ -296,6 +299,7 @@ def plot(result: dict, path, *, context: str = ""):
     ax.set(xlabel=what, yticks=range(n), yticklabels=[str(i + 1) for i in range(n)],
            ylabel="layer (block i's output)")
   fig.colorbar(image, ax=right)
-  title = f"activation patching: recovered fraction of the logit difference ({result['pairs']} pairs)"
+  title = ("activation patching: recovered fraction of the logit difference "
+           f"({result['pairs']} pairs)")
   fig.suptitle(f"{title}\n{context}" if context else title, fontsize=9)
   return probe_report.save_figure(fig, path)
