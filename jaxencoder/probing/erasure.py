@@ -48,14 +48,15 @@ def centred_eraser(mean_D: np.ndarray, erase_DxD: np.ndarray, rank: int) -> Affi
 # --- moments ------------------------------------------------------------------------------
 def _checked(features_NxD, labels_N, num_classes: int | None) -> tuple[np.ndarray, int]:
   labels_N = np.asarray(labels_N)
-  if getattr(features_NxD, "ndim", 0) != 2 or labels_N.shape != (len(features_NxD),):
-    raise ValueError(f"erasure needs features [N, D] and labels [N], got shapes "
+  if (getattr(features_NxD, "ndim", 0) != 2 or labels_N.shape != (len(features_NxD),)
+      or not len(labels_N)):
+    raise ValueError(f"erasure needs features [N, D] and labels [N], N >= 1, got shapes "
                      f"{np.shape(features_NxD)} and {labels_N.shape}")
-  if not np.issubdtype(labels_N.dtype, np.integer) or (labels_N.size and labels_N.min() < 0):
+  if not np.issubdtype(labels_N.dtype, np.integer) or labels_N.min() < 0:
     raise ValueError("erasure labels must be class ids 0..C-1 (non-negative integers), "
                      f"got dtype {labels_N.dtype}")
   num_classes = int(labels_N.max()) + 1 if num_classes is None else num_classes
-  if labels_N.size and labels_N.max() >= num_classes:
+  if labels_N.max() >= num_classes:
     raise ValueError(f"label {labels_N.max()} is out of range for num_classes={num_classes}; "
                      "pass num_classes > the largest label")
   return labels_N, num_classes
@@ -150,7 +151,7 @@ def inlp(features_NxD, labels_N, *, iterations: int = 8, num_classes: int | None
   projection_DxD = np.eye(len(mean_D))
   weights, projections, accuracies = [], [], []
   for i in range(iterations):
-    x_proj_NxD = (x_NxD @ projection_DxD.astype(np.float32))
+    x_proj_NxD = x_NxD @ projection_DxD.astype(np.float32)
     params, info = probes.train_probe(
         x_proj_NxD[train], labels_N[train], x_proj_NxD[dev], labels_N[dev], num_classes,
         dataclasses.replace(probe, seed=probe.seed + i))
