@@ -12,6 +12,7 @@ import pytest
 from conftest import random_ids, tiny_config
 from jaxencoder import EncoderForMaskedLM, loop_to_scan
 from jaxencoder.model.encoder import Encoder, layer_name
+from jaxencoder.model.heads import EncoderClassifier
 from jaxencoder.model.interventions import Interventions
 
 B, L, N, H, K, D = 2, 12, 3, 4, 8, 32
@@ -325,3 +326,16 @@ def test_an_unknown_option_names_the_options_there_are():
   cfg = config()
   with pytest.raises(TypeError, match=r"unexpected keyword arguments \['intervention'\]"):
     run(cfg, init(cfg), intervention=None)
+
+
+def test_the_classifier_passes_interventions_to_the_encoder():
+  cfg = config()
+  model = EncoderClassifier(cfg, num_classes=3)
+  variables = model.init(jax.random.key(1), IDS, MASK)
+  plain = model.apply(variables, IDS, MASK)
+  p_DxD, bias_D, _ = projection()
+  erased = model.apply(variables, IDS, MASK, interventions=Interventions.erase(0, p_DxD, bias_D, N))
+  identity = model.apply(variables, IDS, MASK,
+                         interventions=Interventions.erase(0, np.eye(D), np.zeros(D), N))
+  np.testing.assert_array_equal(identity, plain)
+  assert not np.allclose(erased, plain, atol=1e-4)

@@ -176,7 +176,8 @@ def info_nce_loss(a_BxP: jax.Array, b_BxP: jax.Array, temperature: float = 0.05,
 
 
 class EncoderClassifier(nn.Module):
-  """Encoder + a sequence head on the pooled vector, or a token head on every position."""
+  """Encoder + a sequence head on the pooled vector, or a token head on every position.
+  `head_mask` and `interventions` reach the Encoder (a study of what the classifier uses)."""
   cfg: EncoderConfig
   num_classes: int
   token_level: bool = False
@@ -187,9 +188,11 @@ class EncoderClassifier(nn.Module):
     self.head = head_cls(self.cfg, self.num_classes)
 
   def __call__(self, inputs, attention_mask=None, token_type_ids=None, segment_ids=None,
-               positions=None, *, deterministic: bool = True):
+               positions=None, *, deterministic: bool = True, head_mask=None,
+               interventions=None):
     out = self.encoder(inputs, attention_mask, token_type_ids, segment_ids, positions,
-                       deterministic=deterministic)
+                       deterministic=deterministic, head_mask=head_mask,
+                       interventions=interventions)
     features = out.last_hidden_state if self.token_level else out.pooled
     return self.head(features, deterministic=deterministic)
 

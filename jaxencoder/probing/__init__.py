@@ -10,12 +10,13 @@ CLI: python -m jaxencoder.probing --pretrained HF_DIR --data FILE --out DIR
 
 from jaxencoder._lazy import lazy_exports
 
-_MODULES = ("attention_stats", "features", "head_importance", "health", "images", "load", "mdl",
-            "probe_report", "probes", "representation", "similarity", "store", "study")
+_MODULES = ("attention_stats", "erasure", "features", "head_importance", "health", "images", "load",
+            "mdl", "probe_report", "probes", "representation", "similarity", "store", "study")
 # Public name -> its module. Modules load on first use (PEP 562), so that the CLI's
 # `--help` (jaxencoder.probing.__main__) loads no JAX.
 _MODULE_OF = {
     **{name: name for name in _MODULES},
+    **dict.fromkeys(("AffineEraser", "fit_inlp", "fit_leace", "random_eraser"), "erasure"),
     **dict.fromkeys(("Dataset", "Features", "extract", "load_features", "read_dataset"),
                     "features"),
     **dict.fromkeys(("HealthThresholds", "training_health", "workdir_health"), "health"),

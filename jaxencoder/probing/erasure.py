@@ -35,7 +35,8 @@ class AffineEraser:
 
   def apply(self, x_xD):
     """The erased features, in x's array type (numpy or JAX) and dtype; any leading axes."""
-    return x_xD @ self.matrix_DxD.astype(x_xD.dtype) + self.bias_D.astype(x_xD.dtype)
+    bias_xD = self.bias_D.astype(x_xD.dtype).reshape((1,) * (x_xD.ndim - 1) + (-1,))
+    return x_xD @ self.matrix_DxD.astype(x_xD.dtype) + bias_xD
 
 
 def centred_eraser(mean_D: np.ndarray, erase_DxD: np.ndarray, rank: int) -> AffineEraser:
@@ -47,14 +48,15 @@ def centred_eraser(mean_D: np.ndarray, erase_DxD: np.ndarray, rank: int) -> Affi
 # --- moments ------------------------------------------------------------------------------
 def _checked(features_NxD, labels_N, num_classes: int | None) -> tuple[np.ndarray, int]:
   labels_N = np.asarray(labels_N)
-  if getattr(features_NxD, "ndim", 0) != 2 or labels_N.shape != (len(features_NxD),):
-    raise ValueError(f"erasure needs features [N, D] and labels [N], got shapes "
+  if (getattr(features_NxD, "ndim", 0) != 2 or labels_N.shape != (len(features_NxD),)
+      or not len(labels_N)):
+    raise ValueError(f"erasure needs features [N, D] and labels [N], N >= 1, got shapes "
                      f"{np.shape(features_NxD)} and {labels_N.shape}")
-  if not np.issubdtype(labels_N.dtype, np.integer) or (labels_N.size and labels_N.min() < 0):
+  if not np.issubdtype(labels_N.dtype, np.integer) or labels_N.min() < 0:
     raise ValueError("erasure labels must be class ids 0..C-1 (non-negative integers), "
                      f"got dtype {labels_N.dtype}")
   num_classes = int(labels_N.max()) + 1 if num_classes is None else num_classes
-  if labels_N.size and labels_N.max() >= num_classes:
+  if labels_N.max() >= num_classes:
     raise ValueError(f"label {labels_N.max()} is out of range for num_classes={num_classes}; "
                      "pass num_classes > the largest label")
   return labels_N, num_classes
@@ -108,6 +110,71 @@ def fit_leace(features_NxD, labels_N, *, num_classes: int | None = None,
   covariance with the one-hot labels is 0, with the least change to the features."""
   labels_N, num_classes = _checked(features_NxD, labels_N, num_classes)
   return leace_from_moments(*moments(features_NxD, labels_N, num_classes, chunk_rows))
+
+
+# --- INLP -------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class InlpResult:
+  """INLP's eraser and its steps. Step i's classifier was fit on the features projected by
+  projections_DxD[i - 1] (the identity for i = 0); its weights, centred over classes (the
+  part that moves a softmax), are weights_DxC[i]; projections_DxD[i] also kills them."""
+  eraser: AffineEraser
+  weights_DxC: tuple[np.ndarray, ...]
+  projections_DxD: tuple[np.ndarray, ...]
+  dev_accuracies: tuple[float, ...]  # each classifier's accuracy on the held-out rows
+
+
+def _inlp_split(n: int, dev_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  order = np.random.default_rng(seed).permutation(n)
+  cut = int(round(n * (1 - dev_fraction)))
+  if not 0 < cut < n:
+    raise ValueError(f"INLP needs rows for both training and the dev split: {n} rows with "
+                     f"dev_fraction={dev_fraction} leave one empty; use more rows")
+  return order[:cut], order[cut:]
+
+
+def inlp(features_NxD, labels_N, *, iterations: int = 8, num_classes: int | None = None,
+         seed: int = 0, dev_fraction: float = 0.2, probe: probes.ProbeConfig | None = None
+         ) -> InlpResult:
+  """Iterated nullspace projection: `iterations` times, fit a linear softmax probe (the
+  project's `probes.train_probe`, early-stopped on a random `dev_fraction` of the rows) on
+  the projected, centred features and project onto the nullspace of its class-centred
+  weights. Holds the features in memory (float32), unlike LEACE."""
+  labels_N, num_classes = _checked(features_NxD, labels_N, num_classes)
+  probe = probe or probes.ProbeConfig(seed=seed)
+  if probe.kind != "linear":
+    raise ValueError(f"INLP projects out a linear probe's weights: probe.kind must be "
+                     f"'linear', got {probe.kind!r}")
+  mean_D = _column_mean(features_NxD, CHUNK_ROWS)
+  x_NxD = (np.asarray(features_NxD, np.float64) - mean_D).astype(np.float32)
+  train, dev = _inlp_split(len(labels_N), dev_fraction, seed)
+  projection_DxD = np.eye(len(mean_D))
+  weights, projections, accuracies = [], [], []
+  for i in range(iterations):
+    x_proj_NxD = x_NxD @ projection_DxD.astype(np.float32)
+    params, info = probes.train_probe(
+        x_proj_NxD[train], labels_N[train], x_proj_NxD[dev], labels_N[dev], num_classes,
+        dataclasses.replace(probe, seed=probe.seed + i))
+    w_DxC = np.asarray(params["w_DxC"], np.float64)
+    w_DxC = w_DxC - w_DxC.mean(1, keepdims=True)
+    u_DxC, singular_C, _ = np.linalg.svd(projection_DxD @ w_DxC, full_matrices=False)
+    u_DxR = u_DxC[:, singular_C > 1e-6 * max(singular_C.max(initial=0.0), 1e-30)]
+    projection_DxD = projection_DxD - u_DxR @ u_DxR.T  # u lies in the current range
+    weights.append(w_DxC)
+    projections.append(projection_DxD)
+    accuracies.append(float(info["dev_accuracy"]))
+  rank = len(mean_D) - int(round(np.trace(projection_DxD)))
+  eraser = centred_eraser(mean_D, np.eye(len(mean_D)) - projection_DxD, rank)
+  return InlpResult(eraser, tuple(weights), tuple(projections), tuple(accuracies))
+
+
+def fit_inlp(features_NxD, labels_N, *, iterations: int = 8, num_classes: int | None = None,
+             seed: int = 0, dev_fraction: float = 0.2, probe: probes.ProbeConfig | None = None
+             ) -> AffineEraser:
+  """INLP's eraser (x' = mean + (x - mean) @ P, P the product of the steps' projections);
+  `inlp` returns the steps too."""
+  return inlp(features_NxD, labels_N, iterations=iterations, num_classes=num_classes,
+              seed=seed, dev_fraction=dev_fraction, probe=probe).eraser
 
 
 # --- random control -----------------------------------------------------------------------
