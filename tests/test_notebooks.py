@@ -12,10 +12,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "colab").glob("*.ipynb"))
 
 
-def test_the_five_notebooks_exist():
+def test_the_six_notebooks_exist():
   assert [p.name for p in NOTEBOOKS] == ["01_quickstart.ipynb", "02_train_and_finetune.ipynb",
                                          "03_probing.ipynb", "04_accelerators.ipynb",
-                                         "05_probing_studies.ipynb"]
+                                         "05_probing_studies.ipynb", "06_causal_probing.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -268,9 +268,11 @@ def summary(result: dict) -> str:
   """Plain text: the mean logit differences, then the layer x position table (tokens as
   column heads) and each layer's most recovering head."""
   width = max(6, *(len(t) for t in result["positions"]))
+  gap = result["ld_clean"] - result["ld_corrupt"]
   lines = [f"activation patching ({result['pairs']} pairs): mean LD clean "
-           f"{result['ld_clean']:+.3f}, corrupted {result['ld_corrupt']:+.3f}; clean pairs "
-           f"preferring their target {result['clean_correct']:.0%}",
+           f"{result['ld_clean']:+.4f}, corrupted {result['ld_corrupt']:+.4f} (gap {gap:+.4f}, "
+           f"what patching recovers); clean pairs preferring their target "
+           f"{result['clean_correct']:.0%}",
            f"recovered fraction, layer x position ({result['layer_position_group']}):",
            "layer  " + " ".join(f"{t:>{width}}" for t in result["positions"])]
   fmt = lambda v: f"{v:>{width}.2f}" if v is not None and np.isfinite(v) else f"{'-':>{width}}"
