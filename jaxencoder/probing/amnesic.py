@@ -143,7 +143,8 @@ def plot(result: dict, path, *, context: str = ""):
   metrics = ("loss", "accuracy") if is_mlm else (None,)
   for ax, metric in zip(axes[:, 0], metrics):
     value = (lambda v: v[metric]) if metric else (lambda v: v)
-    for key, label, style in (("objective_before", "before", {"ls": ":", "color": "gray"}),
+    before = {"ls": ":", "color": "black", "zorder": 4}  # on top of an equal control
+    for key, label, style in (("objective_before", "before", before),
                               ("objective_after", "LEACE erased", {"marker": "o"}),
                               ("objective_after_random", "random directions erased",
                                {"marker": "s", "ls": "--", "mfc": "none"})):

@@ -40,6 +40,9 @@ def run(cfg, model_params, tokenizer, dataset, feats, rep: dict, options) -> dic
         cfg, feats, objective, options.probe, seed=options.probe.seed,
         probe_before=[r["accuracy"] for r in linear["layers"]] if linear else None,
         progress=options.progress)
+    out["amnesic"]["sentences"] = int(len(sentences))  # test-split sentences scored
+    if isinstance(objective, objectives.MlmObjective):
+      out["amnesic"]["masked_tokens"] = objective.tokens
   if options.patch:
     out["patching"] = patching.run(cfg, model_params, tokenizer, options.patch,
                                    progress=options.progress)
