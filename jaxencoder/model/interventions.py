@@ -7,7 +7,7 @@ output projection, where `head_mask` acts ([B, L, H, K] per layer: `head_outputs
 Every field holds all N layers; a block reads its own row (an int in a loop, traced under
 nn.scan), so one compiled program serves every layer. Fields left None cost nothing.
 
-  edits = Interventions.patch_layers(where_NxBxL, clean.hidden_states[1:] stacked)
+  edits = Interventions.patch_layers(where_NxBxL, jnp.stack(clean.hidden_states[1:]))
   out = Encoder(cfg).apply(variables, corrupted_ids, interventions=edits)
 """
 
@@ -95,11 +95,10 @@ class Interventions:
   def checked(self, cfg: EncoderConfig, batch: int, length: int) -> Interventions:
     """These interventions as float arrays of the shapes the model needs; one ValueError
     naming the field, its shape and the expected one otherwise."""
-    n, d, h, k = cfg.num_layers, cfg.emb_dim, cfg.num_heads, cfg.resolved_head_dim
-    expected = {"layer_where_NxBxL": (n, batch, length), "layer_value_NxBxLxD": (n, batch, length, d),
-                "layer_matrix_NxDxD": (n, d, d), "layer_bias_NxD": (n, d), "layer_erase_N": (n,),
-                "head_where_NxBxLxH": (n, batch, length, h),
-                "head_value_NxBxLxHxK": (n, batch, length, h, k)}
+    sizes = {"N": cfg.num_layers, "B": batch, "L": length, "D": cfg.emb_dim,
+             "H": cfg.num_heads, "K": cfg.resolved_head_dim}
+    # the field's shape is in its name: layer_value_NxBxLxD is [N, B, L, D]
+    letters = {f.name: f.name.rsplit("_", 1)[1].split("x") for f in dataclasses.fields(self)}
     for name, needed in (("layer_value_NxBxLxD", "layer_where_NxBxL"),
                          ("head_value_NxBxLxHxK", "head_where_NxBxLxH")):
       if getattr(self, name) is not None and getattr(self, needed) is None:
@@ -109,14 +108,13 @@ class Interventions:
       raise ValueError(f"interventions: set all of {list(erase)} or none "
                        "(Interventions.erase builds them)")
     arrays = {}
-    for name, shape in expected.items():
-      value = getattr(self, name)
+    for name, axes in letters.items():
+      value, shape = getattr(self, name), [sizes[a] for a in axes]
       if value is None:
         continue
-      if tuple(np.shape(value)) != shape:
-        letters = name.rsplit("_", 1)[1]
+      if list(np.shape(value)) != shape:
         raise ValueError(f"interventions.{name} has shape {tuple(np.shape(value))}, expected "
-                         f"[{', '.join(letters.split('x'))}] = {list(shape)}")
+                         f"[{', '.join(axes)}] = {shape}")
       arrays[name] = jnp.asarray(value, jnp.float32)
     return self.replace(**arrays)
 
