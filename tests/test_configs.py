@@ -14,7 +14,7 @@ import pytest
 
 import train_helpers as th
 from conftest import fast_first
-from jaxencoder.data import kinds
+from jaxencoder.data import beir, kinds
 from jaxencoder.train import datasets as pipelines, predict
 from jaxencoder.train.config_file import load_config
 from jaxencoder.tasks import registry
@@ -54,6 +54,12 @@ def data_overrides(config, root: pathlib.Path) -> list[str]:
                                           "model.input_features=1"]
   else:
     raise AssertionError(f"no tiny data maker for data.kind={kind!r}: add one here")
+  if config.get("eval_retrieval"):  # a tiny BEIR set instead of the config's (fetched) one
+    words = th.WORDS
+    beir.write(root / "beir", {f"q{i}": f"{words[i]} {words[i + 1]}" for i in range(4)},
+               {f"d{i}": f"{words[i + 1]} {words[i + 2]}" for i in range(6)},
+               {f"q{i}": {f"d{i}": 1} for i in range(4)})
+    extra = extra + [f"eval_retrieval={root / 'beir'}"]
   return [f"data.source={source}", f"data.data_dir={root}", *extra]
 
 
@@ -69,6 +75,8 @@ def test_config_runs_its_docstring_command_with_tiny_overrides(tmp_path, name):
   metrics = train_and_evaluate(config, tmp_path / "run")
   assert np.isfinite(metrics["loss"]), metrics
   rows = read_metrics(tmp_path / "run")
+  if config.eval_retrieval:
+    assert 0 <= [r for r in rows if r["split"] == "eval"][0]["ndcg@10"] <= 1
   assert [r["step"] for r in rows if r["split"] == "train"] == [1]
   assert [r["step"] for r in rows if r["split"] == "eval"] == [1]
   assert (tmp_path / "run" / "checkpoints" / "1").is_dir()

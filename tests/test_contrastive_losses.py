@@ -115,7 +115,7 @@ def test_a_cosent_run_with_grad_accumulation_trains_and_reports_spearman(tmp_pat
   rng = np.random.default_rng(5)
   words = lambda n: " ".join(rng.choice(th.WORDS, size=n))
   for split, n in (("train", 32), ("test", 12)):
-    write_csv(tmp_path / "sts" / f"{split}.csv", ["text", "text_b", "target"],
+    write_csv(tmp_path / "sts" / f"{split}.csv", ["text", "text_b", "score"],
               [[words(4), words(4), f"{rng.random() * 5:.2f}"] for _ in range(n)])
   source = builders.prepare("text_records", tmp_path / "sts", tmp_path / "tfds", name="sts")
   config = config_with(*TINY, "contrastive_loss=cosent", "optim.grad_accum_steps=2",

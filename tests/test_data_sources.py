@@ -12,7 +12,8 @@ from jaxencoder.data.splits import Holdout, open_splits
 
 FETCHABLE = ("shakespeare, fashion_mnist, wsj_pos, fine_foods, austen, shakespeare_span, "
              "shakespeare_multilabel, shakespeare_regression, shakespeare_choice, "
-             "shakespeare_pairs, shakespeare_speeches, shakespeare_retrieval, agreement_pairs, "
+             "shakespeare_pairs, shakespeare_speeches, shakespeare_halves, shakespeare_retrieval, "
+             "agreement_pairs, "
              "ucr/<NAME>")
 
 

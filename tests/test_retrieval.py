@@ -311,6 +311,47 @@ def test_shakespeare_retrieval_pairs_each_speechs_first_half_with_its_second(tmp
   assert found.qrels == [{0: 1}, {1: 1}]
 
 
+def test_shakespeare_halves_cut_train_speeches_as_the_retrieval_set_cuts_test_ones():
+  class Speech:  # what speech_rows reads of a speech: its lines and split
+    def __init__(self, lines, split):
+      self.lines, self.split = lines, split
+  speeches = [Speech(["To be, or not to be:", "that is the question"], "train"),
+              Speech(["Too short"], "train")]
+  rows = shakespeare_tasks.halves_rows(speeches, [], None)
+  assert rows == [{"text": "To be, or not to", "text_b": "be: that is the question",
+                   "_split": "train"}]
+  assert shakespeare_tasks.halves("a b c") == ("a", "b c")
+
+
+# --- per-query metrics and the paired bootstrap ---------------------------------------------
+def test_per_query_rows_average_to_the_metrics_and_skip_unjudged_queries():
+  ranked_QxK = np.array([[0, 1, 2], [2, 1, 0], [1, 0, 2]])
+  qrels = [{1: 1}, {}, {0: 2, 2: 1}]
+  rows_Qx3 = metrics.per_query(ranked_QxK, qrels)
+  assert rows_Qx3.shape == (2, 3)
+  np.testing.assert_allclose(rows_Qx3[0], [1 / math.log2(3), 1 / 2, 1.0])
+  ideal = 2 + 1 / math.log2(3)
+  np.testing.assert_allclose(rows_Qx3[1], [(2 / math.log2(3) + 1 / math.log2(4)) / ideal,
+                                           1 / 2, 1.0])
+  assert metrics.ranking_metrics(ranked_QxK, qrels) == pytest.approx(
+      dict(zip(metrics.NAMES, rows_Qx3.mean(0))))
+
+
+def test_paired_bootstrap_matches_a_direct_loop_and_pairs_the_queries():
+  rng = np.random.default_rng(3)
+  a_Q = rng.random(50)
+  b_Q = a_Q + 0.1 + 0.01 * rng.standard_normal(50)
+  mean, low, high = metrics.paired_bootstrap(a_Q, b_Q, samples=2000, seed=7)
+  picks = np.random.default_rng(7).integers(0, 50, (2000, 50))
+  means = [np.mean(b_Q[p] - a_Q[p]) for p in picks]
+  assert mean == pytest.approx(np.mean(b_Q - a_Q))
+  assert (low, high) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
+  # Paired: a large shared per-query spread does not widen the interval of a steady gain.
+  assert 0.09 < low < mean < high < 0.11
+  with pytest.raises(ValueError, match="equal-length 1-d"):
+    metrics.paired_bootstrap(a_Q, b_Q[:, None])
+
+
 # --- during training ---------------------------------------------------------------------
 def contrastive_config(root, **overrides):
   import train_helpers as th

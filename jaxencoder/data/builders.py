@@ -294,8 +294,8 @@ def _finite(text: str) -> float:
 
 
 # text_records columns with a number type (column: (parse, dtype)); see TextRecords.
-_RECORD_FEATURES = {"target": (_finite, np.float32), "label": (_integer, np.int64),
-                    "answer_start": (_integer, np.int64)}
+_RECORD_FEATURES = {"target": (_finite, np.float32), "score": (_finite, np.float32),
+                    "label": (_integer, np.int64), "answer_start": (_integer, np.int64)}
 
 
 class TextRecords(KindBuilder):
@@ -303,7 +303,8 @@ class TextRecords(KindBuilder):
 
   By name: `labels` '|'-separated label names → label ids (multi-label; the label set
   is labels.txt beside the files, else the sorted set seen); `target` a number →
-  float32 (regression); `label` an integer → int64 (multiple choice: the right
+  float32 (regression); `score` a number → float32 (a pair's similarity: CoSENT, the
+  same column eval_sts reads); `label` an integer → int64 (multiple choice: the right
   choice); `answer_start` an integer → int64 (span: the answer's first character in
   the context); any other column is text. Which columns a task reads: its module in
   jaxencoder/tasks/.

@@ -5,7 +5,7 @@
   ucr            pip download --no-deps aeon==1.6.0       → raw/ucr/<NAME>/<NAME>_{TRAIN,TEST}.ts
   ucr/<NAME>     one UCR/UEA set of the above (e.g. ucr/GunPoint): fetches ucr, → raw/ucr/<NAME>
   shakespeare_*  task sets made from shakespeare's texts  → raw/<name>/{train,test}.csv
-                 (span, multilabel, regression, choice, pairs, speeches:
+                 (span, multilabel, regression, choice, pairs, speeches, halves:
                  data/shakespeare_tasks.py)
   shakespeare_retrieval  held-out speech halves in BEIR's format (made from
                  shakespeare_speeches' test split) → raw/shakespeare_retrieval/

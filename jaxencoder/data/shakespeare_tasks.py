@@ -13,6 +13,9 @@
                           of the same play as a hard negative (text, text_b, negative)
   shakespeare_speeches    the speeches of at least MIN_SPEECH_WORDS words, unlabelled
                           (text): for contrastive views (data/span_views.py)
+  shakespeare_halves      the same speeches as pairs: the first half of a speech's words
+                          and its second half (text, text_b), cut as shakespeare_retrieval
+                          cuts its test speeches: in-batch or mined negatives
   shakespeare_retrieval   a held-out retrieval set in BEIR's format (data/beir.py): the
                           first halves of shakespeare_speeches' test speeches as queries,
                           their second halves as the corpus (`write_retrieval`)
@@ -37,7 +40,8 @@ from etils import epath
 from jaxencoder.data import beir, readers
 
 SOURCES = ("shakespeare_span", "shakespeare_multilabel", "shakespeare_regression",
-           "shakespeare_choice", "shakespeare_pairs", "shakespeare_speeches")
+           "shakespeare_choice", "shakespeare_pairs", "shakespeare_speeches",
+           "shakespeare_halves")
 MAX_TRAIN, MAX_TEST = 12_000, 1_000  # examples per split (a seeded sample when more)
 MAX_WORDS = 60  # a speech's first words kept for the speech-level tasks
 MIN_SPEECH_WORDS = 8  # shakespeare_speeches: shorter ones have no two halves worth matching
@@ -207,9 +211,23 @@ def speech_rows(speeches: list[Speech], names, rng) -> list[dict]:
   return rows
 
 
+def halves(text: str) -> tuple[str, str]:
+  """A text's first half of its words and its second half (the first one shorter when
+  the count is odd)."""
+  words = text.split()
+  return " ".join(words[:len(words) // 2]), " ".join(words[len(words) // 2:])
+
+
+def halves_rows(speeches: list[Speech], names, rng) -> list[dict]:
+  return [{"text": first, "text_b": second, "_split": r["_split"]}
+          for r in speech_rows(speeches, names, rng)
+          for first, second in [halves(r["text"])]]
+
+
 ROWS = {"shakespeare_span": span_rows, "shakespeare_multilabel": multilabel_rows,
         "shakespeare_regression": regression_rows, "shakespeare_choice": choice_rows,
-        "shakespeare_pairs": pair_rows, "shakespeare_speeches": speech_rows}
+        "shakespeare_pairs": pair_rows, "shakespeare_speeches": speech_rows,
+        "shakespeare_halves": halves_rows}
 
 
 def write(name: str, raw_dir, out) -> None:
@@ -234,10 +252,7 @@ def write_retrieval(speeches_csv, out) -> None:
   """The held-out retrieval set `RETRIEVAL` into `out` (BEIR's format) from
   shakespeare_speeches' test.csv: speech i's first half of its words is query `q<i>`, its
   second half document `d<i>` (judged 1), every other second half a distractor."""
-  halves = []
-  for row in readers.read_records(speeches_csv):
-    words = row["text"].split()
-    halves.append((" ".join(words[:len(words) // 2]), " ".join(words[len(words) // 2:])))
-  beir.write(out, {f"q{i}": first for i, (first, _) in enumerate(halves)},
-             {f"d{i}": second for i, (_, second) in enumerate(halves)},
-             {f"q{i}": {f"d{i}": 1} for i in range(len(halves))})
+  cut = [halves(row["text"]) for row in readers.read_records(speeches_csv)]
+  beir.write(out, {f"q{i}": first for i, (first, _) in enumerate(cut)},
+             {f"d{i}": second for i, (_, second) in enumerate(cut)},
+             {f"q{i}": {f"d{i}": 1} for i in range(len(cut))})

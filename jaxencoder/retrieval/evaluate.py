@@ -54,9 +54,13 @@ class Evaluators:
 def retrieval_metrics(embed: Embed, found: beir.RetrievalSet, *,
                       block: int = search.BLOCK) -> dict[str, float]:
   """ndcg@10, mrr@10 and recall@100 of `embed` on a retrieval set, over its whole corpus."""
+  return metrics.ranking_metrics(ranked(embed, found, block=block), found.qrels)
+
+
+def ranked(embed: Embed, found: beir.RetrievalSet, *, block: int = search.BLOCK) -> np.ndarray:
+  """Each query's top metrics.DEPTH corpus ids [Q, DEPTH], best first (exact search)."""
   queries_QxD, corpus_NxD = embed(found.queries), embed(found.corpus)
-  _, ranked_QxK = search.top_k(queries_QxD, corpus_NxD, metrics.DEPTH, block=block)
-  return metrics.ranking_metrics(ranked_QxK, found.qrels)
+  return search.top_k(queries_QxD, corpus_NxD, metrics.DEPTH, block=block)[1]
 
 
 def sts_spearman(embed: Embed, pairs: scored_pairs.ScoredPairs) -> float:

@@ -7,8 +7,8 @@ with metrics at each size (`mrr@128`). `symmetric`: the supervised InfoNCE avera
 both directions, query -> candidates and positive -> the batch's queries (SimCSE's loss is
 symmetric already: its two views are interchangeable).
 `contrastive_loss="cosent"` (task `contrastive_cosent`): CoSENT on scored pairs (text,
-text_b, target), its scale 1 / temperature (0.05: 20), with Spearman's rho of the pairs'
-cosines against their scores over the eval split.
+text_b, score: eval_sts's columns), its scale 1 / temperature (0.05: 20), with Spearman's
+rho of the pairs' cosines against their scores over the eval split.
 
 The loss is one over the whole batch's embeddings (`embedding_task`): with
 optim.grad_accum_steps=k, the k micro-batches train as one batch (steps.cached_gradients).
@@ -16,7 +16,7 @@ optim.grad_accum_steps=k, the k micro-batches train as one batch (steps.cached_g
 text_records columns: text, [text_b, [negative | negative_1 .. negative_k]]; arrays: text
 arrays [K, L] (K = 2 + the hard negatives: one `negative`, or the k of a mined set,
 `jaxencoder-data mine`), or [L] for a text alone (SimCSE). contrastive_cosent: text, text_b,
-target; arrays [2, L] and targets float32.
+score; arrays [2, L] and targets float32.
 """
 
 from __future__ import annotations
@@ -117,11 +117,11 @@ def scored_pair_sums(z_Bx2xP, batch, scale: float, prefixes=matryoshka.Prefixes(
 def contrastive_features(tokenizer, seq_len: int, *, scored: bool = False):
   """text, its positive text_b and (where the columns exist) its hard negatives: [K, L]; a
   text alone (no text_b column): [L], its positive is itself under other dropout.
-  `scored`: a pair and its `targets` (the target column)."""
+  `scored`: a pair and its `targets` (the score column, as eval_sts reads it)."""
   def fn(ex):
     if scored:
       rows = [records.encode(tokenizer, as_text(ex[k]), None, seq_len) for k in ("text", "text_b")]
-      return {**records.stacked(rows), "targets": np.float32(ex["target"]),
+      return {**records.stacked(rows), "targets": np.float32(ex["score"]),
               "example_weights": np.float32(1.0)}
     if "text_b" not in ex:
       return {**records.encode(tokenizer, as_text(ex["text"]), None, seq_len),
@@ -161,7 +161,7 @@ class Contrastive(Family):
              "contrastive_loss": "info_nce",  # or "cosent" (task contrastive_cosent)
              "matryoshka_dims": (), "matryoshka_weights": ()}  # e.g. (384, 256, 128, 64)
   exclusive = ("symmetric", "contrastive_loss", "matryoshka_dims", "matryoshka_weights")
-  record_columns = {"contrastive": ("text",), "contrastive_cosent": ("text", "text_b", "target")}
+  record_columns = {"contrastive": ("text",), "contrastive_cosent": ("text", "text_b", "score")}
   predicts = {name: "vectors" for name in names}
 
   def resolve(self, config) -> str:
@@ -178,7 +178,7 @@ class Contrastive(Family):
                        "texts, 'halves' (a text's first and second half)")
     if name == "contrastive_cosent" and (data.views != "dropout" or not kind.records
                                          or config.get("symmetric", False)):
-      raise ValueError("contrastive_loss='cosent' reads scored pairs (text, text_b, target) "
+      raise ValueError("contrastive_loss='cosent' reads scored pairs (text, text_b, score) "
                        "of data.kind='text_records' with data.views='dropout' and "
                        "symmetric=False (an InfoNCE option)")
     if config.projection_dim < 0:

@@ -5,13 +5,15 @@ The run's params embed the texts as `jaxencoder.load(RUN).embed` embeds with tha
 checkpoint (its Encoder's pooled vectors, L2-normalised, cut at data.seq_len tokens), so
 a step's metrics here are `jaxencoder-eval --model RUN@STEP`'s. The files are read when
 the run starts: a bad one stops it before any step (train/config.py checks the task
-embeds text).
+embeds text). eval_retrieval may name a fetchable set (`shakespeare_retrieval`): it is
+fetched into data.data_dir on first use.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
+from jaxencoder.data import fetch
 from jaxencoder.model.encoder import ENCODER
 from jaxencoder.pretrained import sentences
 from jaxencoder.retrieval.evaluate import Embed, Evaluators
@@ -20,7 +22,10 @@ from jaxencoder.tokenizer import Tokenizer
 
 def from_config(config: ml_collections.ConfigDict) -> Evaluators | None:
   """The run's evaluators (None without eval_retrieval or eval_sts)."""
-  found = Evaluators.read(config.get("eval_retrieval", ""), config.get("eval_sts", ""))
+  retrieval = config.get("eval_retrieval", "")
+  if retrieval in fetch.SOURCES:
+    retrieval = str(fetch.fetch(retrieval, config.data.data_dir))
+  found = Evaluators.read(retrieval, config.get("eval_sts", ""))
   return found or None
 
 
