@@ -103,6 +103,63 @@ def test_patching_the_layer_before_a_pre_norm_models_last_gives_the_clean_output
   np.testing.assert_allclose(patched.pooled, clean.pooled, atol=1e-6)
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_patching_a_pre_norm_models_last_layer_from_the_clean_run_gives_the_clean_output(scan):
+  """Its last layer's patch acts after the final norm, on hidden_states[N]."""
+  cfg = modern(scan_layers=scan)
+  params = init(cfg)
+  clean = run(cfg, params, output_hidden_states=True)
+  corrupted = run(cfg, params, CORRUPT, output_hidden_states=True)
+  assert not np.allclose(corrupted.pooled, clean.pooled, atol=1e-3)
+  patched = run(cfg, params, CORRUPT, output_hidden_states=True,
+                interventions=Interventions.patch_layers(layers_where(N - 1),
+                                                         stacked(clean.hidden_states[1:])))
+  np.testing.assert_array_equal(patched.last_hidden_state, clean.last_hidden_state)
+  np.testing.assert_array_equal(patched.hidden_states[N], clean.hidden_states[N])
+  np.testing.assert_array_equal(patched.pooled, clean.pooled)
+  for k in range(N):
+    np.testing.assert_array_equal(patched.hidden_states[k], corrupted.hidden_states[k])
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_patching_a_pre_norm_models_layers_with_their_own_outputs_changes_nothing(scan):
+  cfg = modern(scan_layers=scan)
+  params = init(cfg)
+  plain = run(cfg, params, output_hidden_states=True)
+  patched = run(cfg, params, output_hidden_states=True, interventions=Interventions.patch_layers(
+      layers_where(slice(None)), stacked(plain.hidden_states[1:])))
+  assert_same(patched, plain)
+
+
+def test_a_pre_norm_models_last_layer_keeps_its_head_edits_in_the_block():
+  """Only the stream edits move after the final norm: zeroing a head of the last layer
+  still equals head_mask 0 for it."""
+  cfg = modern()
+  params = init(cfg)
+  head_mask = np.ones((N, H), np.float32)
+  head_mask[N - 1, 2] = 0.0
+  edits = Interventions.zero_heads(heads_where(N - 1, 2)).combine(
+      Interventions.zero_layers(layers_where(N - 1, slice(0, 3))))
+  zeroed = run(cfg, params, output_hidden_states=True, interventions=edits)
+  masked = run(cfg, params, output_hidden_states=True, head_mask=head_mask)
+  np.testing.assert_array_equal(np.asarray(zeroed.hidden_states[N])[:, :3], 0.0)
+  np.testing.assert_allclose(np.asarray(zeroed.hidden_states[N])[:, 3:],
+                             np.asarray(masked.hidden_states[N])[:, 3:], atol=1e-6)
+
+
+def test_without_stream_turns_off_one_layers_patches_and_erasure_only():
+  where = layers_where(slice(None))
+  edits = Interventions.zero_layers(where).combine(
+      Interventions.erase(N - 1, np.eye(D), np.zeros(D), N)).combine(
+      Interventions.zero_heads(heads_where(N - 1, 0)))
+  off = edits.without_stream(N - 1)
+  np.testing.assert_array_equal(off.layer_where_NxBxL[:N - 1], where[:N - 1])
+  np.testing.assert_array_equal(off.layer_where_NxBxL[N - 1], 0.0)
+  np.testing.assert_array_equal(off.layer_erase_N, 0.0)
+  assert off.head_where_NxBxLxH is edits.head_where_NxBxLxH
+  assert Interventions().without_stream(0) == Interventions()
+
+
 def test_zeroing_and_mean_ablating_replace_the_marked_positions():
   cfg = config()
   params = init(cfg)
@@ -156,6 +213,23 @@ def test_erasing_at_layer_k_projects_its_output_and_leaves_earlier_layers(scan, 
                              atol=1e-5)
   if layer < N - 1:
     assert not np.allclose(erased.last_hidden_state, plain.last_hidden_state, atol=1e-3)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_erasing_a_pre_norm_models_last_layer_projects_hidden_states_n(scan):
+  """Read after the final norm and erased there: what amnesic probing fits its eraser on."""
+  cfg = modern(scan_layers=scan)
+  params = init(cfg)
+  p_DxD, bias_D, u_Dx3 = projection()
+  plain = run(cfg, params, output_hidden_states=True)
+  erased = run(cfg, params, output_hidden_states=True,
+               interventions=Interventions.erase(N - 1, p_DxD, bias_D, N))
+  for k in range(N):
+    np.testing.assert_array_equal(erased.hidden_states[k], plain.hidden_states[k])
+  want = np.asarray(plain.hidden_states[N], np.float64) @ p_DxD + bias_D
+  np.testing.assert_allclose(erased.hidden_states[N], want, atol=1e-6)
+  np.testing.assert_allclose(erased.last_hidden_state, want, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(erased.hidden_states[N]) @ u_Dx3, 0.0, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------- heads
@@ -274,8 +348,9 @@ def test_interventions_pass_through_jit():
                              apply(params, edits).last_hidden_state, atol=1e-6)
 
 
-def test_no_interventions_trace_the_same_program_as_none():
-  cfg = config(scan_layers=True)
+@pytest.mark.parametrize("make_config", [config, modern], ids=["post_norm", "pre_norm"])
+def test_no_interventions_trace_the_same_program_as_none(make_config):
+  cfg = make_config(scan_layers=True)
   params = loop_to_scan(init(cfg))
   trace = lambda **kw: str(jax.make_jaxpr(
       lambda p: Encoder(cfg).apply({"params": p}, IDS, MASK, **kw))(params))

@@ -24,11 +24,15 @@ PAIRS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def mlm():
-  cfg = tiny_config(vocab_size=len(VOCAB))
+def tiny_mlm(**overrides):
+  cfg = tiny_config(vocab_size=len(VOCAB), **overrides)
   variables = EncoderForMaskedLM(cfg).init(jax.random.key(0), np.ones((1, 8), np.int32))
   return cfg, nn.meta.unbox(variables["params"]), tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def mlm():
+  return tiny_mlm()
 
 
 def write_pairs(path, pairs=PAIRS):
@@ -87,6 +91,28 @@ def test_the_report_has_a_layer_by_position_and_a_layer_by_head_grid(mlm, tmp_pa
   assert grid[-1, mask] == pytest.approx(1.0, abs=1e-3)
   assert patching.plot(result, tmp_path / "patching.png").read_bytes()[:4] == b"\x89PNG"
   assert "recovered fraction" in patching.summary(result)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_pre_norm_models_last_row_is_patched_after_its_final_norm(scan, tmp_path):
+  """Its last layer is hidden_states[N] (after the final norm), patched there: every
+  position recovers all, [MASK] alone recovers all, any other position nothing."""
+  cfg, params, tok = tiny_mlm(norm_position="pre", scan_layers=scan)
+  group = first_group(tok, tmp_path / "p.jsonl")
+  ld_clean, ld_corrupt, layers, _ = patching.clean_and_corrupt(cfg, params, group)
+  pairs, length = group.clean_PxL.shape
+  where = np.zeros((cfg.num_layers, pairs, length))
+  where[-1] = 1
+  everything = patching.patched_logit_diff(cfg, params, group, where, layers)
+  np.testing.assert_allclose(everything, ld_clean, atol=1e-5)
+  swept_L = patching.sweep(cfg, params, group, layers, "position")[-1]
+  mask = group.mask_index_P[0]
+  np.testing.assert_allclose(swept_L[mask], ld_clean.sum(), atol=1e-4)
+  np.testing.assert_allclose(np.delete(swept_L, mask), ld_corrupt.sum(), atol=1e-4)
+  result = patching.run(cfg, params, tok, write_pairs(tmp_path / "p.jsonl"), progress=False)
+  last_row = np.array(result["layer_position"], float)[-1]
+  assert np.isfinite(last_row).all()
+  assert last_row[result["positions"].index("[MASK]")] == pytest.approx(1.0, abs=1e-3)
 
 
 def test_pairs_of_unequal_token_length_are_refused_naming_the_line(mlm, tmp_path):

@@ -146,7 +146,8 @@ class EncoderBlock(nn.Module):
   `layer` in a looped stack, `scanned_layer` (traced) in a scanned one. Whether it attends
   globally or locally, and its attention plan, are static: from `layer`, else from `slot`
   (its place in one period of the layer pattern, under a scan by period), else traced.
-  Its row of `inputs.interventions` edits its heads' outputs and then its output x.
+  Its row of `inputs.interventions` edits its heads' outputs and then its output x (a
+  pre-norm Encoder edits its last layer's x after the final norm instead).
   """
   cfg: EncoderConfig
   layer: int | None = None
@@ -337,8 +338,8 @@ class Encoder(nn.Module):
   output projection; fractions scale it) serves head-importance studies, with every
   attention implementation. `output_head_outputs` returns those per-head outputs
   ([B, L, H, K] per layer). `interventions` (an interventions.Interventions) patches,
-  erases or ablates layer n's output (hidden_states[n + 1]; the last block's before a
-  pre-norm final norm) or a head's output, in every layout and attention implementation;
+  erases or ablates layer n's output, hidden_states[n + 1] (a pre-norm model's last layer
+  after its final norm), or a head's output, in every layout and attention implementation;
   absent, nothing is traced for it.
   """
   cfg: EncoderConfig
@@ -368,9 +369,7 @@ class Encoder(nn.Module):
       rows_BxQ = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions], 1)
     block_inputs = self._block_inputs(x_BxLxD.shape[:2], mask_BxL, segment_ids, positions_BxL,
                                       deterministic, options, sparse_last)
-    last_BxLxD, layer_outs = self._stack(x_BxLxD, block_inputs, rows_BxQ)
-    if cfg.norm_position == "pre":
-      last_BxLxD = norm(cfg, name="final_norm")(last_BxLxD)
+    last_BxLxD, layer_outs = self._stack_and_final_norm(x_BxLxD, block_inputs, rows_BxQ)
     # Sparse: last_BxLxD holds the Q = 1 + M rows, [CLS] first (cls pooling reads row 0).
     pool_in = (last_BxLxD[:, :1], mask_BxL[:, :1]) if sparse_last else (last_BxLxD, mask_BxL)
     pooled_BxD = Pooler(cfg, name="pooler")(*pool_in)
@@ -418,6 +417,21 @@ class Encoder(nn.Module):
                        deterministic, options.output_attentions, options.output_hidden_states,
                        plans, local_mask_Bx1xLxL, head_mask, interventions,
                        options.output_head_outputs)
+
+  def _stack_and_final_norm(self, x_BxLxD, inputs: BlockInputs, rows_BxQ):
+    """The stack, then a pre-norm model's final norm. There the last layer's stream edits
+    act after the norm, so layer n's edit is on hidden_states[n + 1] in every model."""
+    cfg, edits = self.cfg, inputs.interventions
+    if cfg.norm_position != "pre":
+      return self._stack(x_BxLxD, inputs, rows_BxQ)
+    last = cfg.num_layers - 1
+    if edits is not None:
+      inputs = inputs.replace(interventions=edits.without_stream(last))
+    x_BxLxD, layer_outs = self._stack(x_BxLxD, inputs, rows_BxQ)
+    x_BxLxD = norm(cfg, name="final_norm")(x_BxLxD)
+    if edits is not None:
+      x_BxLxD = edits.at_layer(last).stream(x_BxLxD)
+    return x_BxLxD, layer_outs
 
   def _stack(self, x_BxLxD, inputs: BlockInputs,
              last_rows_BxQ=None) -> tuple[jax.Array, list[dict[str, Any]]]:

@@ -1,9 +1,10 @@
 """Interventions inside the encoder's forward pass: patch, erase or ablate what a layer or
 a head outputs, for causal probing (activation patching, amnesic probing).
 
-Layer n is block n's output: the residual stream after it (hidden_states[n + 1]; for the
-last block, before a pre-norm model's final norm). A head's output is what it hands the
-output projection, where `head_mask` acts ([B, L, H, K] per layer: `head_outputs`).
+Layer n is hidden_states[n + 1]: block n's output, and for a pre-norm model's last layer
+the stream after its final norm (the Encoder applies that layer's stream edits there; see
+`without_stream`). A head's output is what it hands the output projection, where
+`head_mask` acts ([B, L, H, K] per layer: `head_outputs`).
 Every field holds all N layers; a block reads its own row (an int in a loop, traced under
 nn.scan), so one compiled program serves every layer. Fields left None cost nothing.
 
@@ -117,6 +118,13 @@ class Interventions:
                          f"[{', '.join(axes)}] = {shape}")
       arrays[name] = jnp.asarray(value, jnp.float32)
     return self.replace(**arrays)
+
+  def without_stream(self, layer: int) -> Interventions:
+    """A copy whose layer `layer` keeps its stream (no patch, no erasure; its head edits
+    stay): the Encoder applies them after a pre-norm model's final norm instead."""
+    off = lambda x: None if x is None else jnp.asarray(x).at[layer].set(0)
+    return self.replace(layer_where_NxBxL=off(self.layer_where_NxBxL),
+                        layer_erase_N=off(self.layer_erase_N))
 
   def at_layer(self, index) -> LayerEdit:
     """Layer `index`'s edits (index an int, or traced under nn.scan)."""

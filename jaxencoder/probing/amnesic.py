@@ -105,7 +105,9 @@ def run(cfg: EncoderConfig, feats: features_lib.Features, objective,
 
 
 def _erase(cfg: EncoderConfig, layer: int, eraser: erasure.AffineEraser) -> Interventions:
-  """The eraser applied to block `layer`'s output (layer 1..N; interventions count 0..N-1)."""
+  """The eraser applied to layer `layer` (1..N; interventions count 0..N-1): to
+  hidden_states[layer], where its features were read (a pre-norm model's layer N after its
+  final norm)."""
   return Interventions.erase(layer - 1, np.asarray(eraser.matrix_DxD, np.float32),
                              np.asarray(eraser.bias_D, np.float32), cfg.num_layers)
 

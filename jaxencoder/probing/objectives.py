@@ -51,9 +51,9 @@ def encode(cfg: EncoderConfig, params, inputs: dict, interventions=None, **optio
 
 
 def block_outputs(cfg: EncoderConfig, out) -> tuple:
-  """Each block's output [B, L, D], where interventions patch it (layer n = block n + 1):
-  the hidden states after the embeddings. A pre-norm model's last one is after its final
-  norm, not where the last block's patch goes (patching leaves that row out)."""
+  """Each layer's output [B, L, D], where interventions patch it (layer n = block n + 1):
+  the hidden states after the embeddings (a pre-norm model's last one after its final norm,
+  where its last layer's patch goes too)."""
   return tuple(out.hidden_states[1:])
 
 

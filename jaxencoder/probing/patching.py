@@ -240,8 +240,6 @@ def run(cfg: EncoderConfig, params, tokenizer, path, *, progress: bool = True) -
       ld_clean, ld_corrupt, layers, heads = clean_and_corrupt(cfg, params, group)
       count = len(group.lines)
       positions_NxL = sweep(cfg, params, group, layers, "position", bar=bar) / count
-      if cfg.norm_position == "pre":  # hidden_states[N] is after the final norm, not where
-        positions_NxL[-1] = np.nan    # the last block's patch goes: no clean value for it
       heads_NxH = heads_NxH + sweep(cfg, params, group, heads, "head", bar=bar)
       sums += [count, ld_clean.sum(), ld_corrupt.sum(), (ld_clean > 0).sum()]
       out_groups.append({"name": group.name, "pairs": count, "positions": group.tokens,
