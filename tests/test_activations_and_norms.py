@@ -118,7 +118,7 @@ def test_post_norm_normalises_each_residual_sum(norm_kind):
   out, layers = block_calls(cfg, random_ids(0, (2, 6)))
   for i, calls in sorted(layers.items()):
     x, block_out = calls[()][0], calls[()][1][0]
-    attn_in, (attn_out, _) = calls[("attention",)]
+    attn_in, (attn_out, _, _) = calls[("attention",)]  # (output, weights, head outputs)
     norm_a_in, norm_a_out = calls[("attention_norm",)]
     ffn_in, ffn_out = calls[("ffn",)]
     norm_f_in, norm_f_out = calls[("ffn_norm",)]
@@ -140,7 +140,7 @@ def test_pre_norm_normalises_each_branch_input_and_the_stack_output(norm_kind):
   for i, calls in sorted(layers.items()):
     x, block_out = calls[()][0], calls[()][1][0]
     norm_a_in, norm_a_out = calls[("attention_norm",)]
-    attn_in, (attn_out, _) = calls[("attention",)]
+    attn_in, (attn_out, _, _) = calls[("attention",)]  # (output, weights, head outputs)
     norm_f_in, norm_f_out = calls[("ffn_norm",)]
     ffn_in, ffn_out = calls[("ffn",)]
     close(norm_a_in, x)
