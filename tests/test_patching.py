@@ -125,7 +125,7 @@ def test_pairs_of_unequal_token_length_are_refused_naming_the_line(mlm, tmp_path
 def test_a_pair_without_its_fields_or_with_a_multi_piece_target_is_refused(mlm, tmp_path):
   _, _, tok = mlm
   (tmp_path / "a.jsonl").write_text(json.dumps({"clean": "x"}) + "\n")
-  with pytest.raises(ValueError, match=r"a.jsonl:1: a pair needs text fields .* missing "
+  with pytest.raises(ValueError, match=r"--patch .*a.jsonl:1: needs string fields .* missing "
                                        r"corrupted, target_clean, target_corrupted"):
     patching.read_pairs(tmp_path / "a.jsonl")
   two = [{**PAIRS[0], "target_clean": "cats"}]  # cat + ##s

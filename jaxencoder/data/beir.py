@@ -17,7 +17,7 @@ import json
 
 from etils import epath
 
-from jaxencoder.data.readers import DataError, read_text, where
+from jaxencoder.data.readers import DataError, json_lines, read_text, where
 
 CORPUS, QUERIES, QRELS = "corpus.jsonl", "queries.jsonl", "qrels.tsv"
 BEIR_QRELS = "qrels/test.tsv"  # BEIR's download layout
@@ -58,15 +58,7 @@ def read(folder) -> RetrievalSet:
 def _jsonl(path, fields: tuple[str, ...]) -> list[dict]:
   """One JSON object a line, each with `fields` (strings) and a new `_id`."""
   rows, seen = [], {}
-  for no, line in enumerate(read_text(path).splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise DataError(f"{where(path, no)}: not a JSON object ({e.msg})") from None
-    if not isinstance(row, dict) or any(not isinstance(row.get(f), str) for f in fields):
-      raise DataError(f"{where(path, no)}: needs string fields {', '.join(fields)}")
+  for no, row in json_lines(path, fields):
     if row["_id"] in seen:
       raise DataError(f"{where(path, no)}: _id {row['_id']!r} again (first at line "
                       f"{seen[row['_id']]})")

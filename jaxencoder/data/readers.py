@@ -19,6 +19,7 @@ import decimal
 import fnmatch
 import gzip
 import io
+import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 
@@ -140,6 +141,25 @@ READ_BYTES = 1 << 20  # bytes per read of a text_corpus file
 MAX_DOCUMENT_CHARS = 1 << 18
 _LINE_ENDS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # where str.splitlines splits
 _LAST_SPACE = re.compile(r"\s\S*\Z")
+
+
+def json_lines(path, fields: Sequence[str], *, prefix: str = ""
+               ) -> Iterator[tuple[int, dict]]:
+  """(line number, object) of each non-blank line of a JSON-lines file; a DataError naming
+  `prefix` + path:line when a line is not a JSON object with string `fields` (the missing
+  ones named)."""
+  for no, line in enumerate(read_text(path).splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise DataError(f"{prefix}{where(path, no)}: not a JSON object ({e.msg})") from None
+    missing = [f for f in fields if not isinstance(row, dict) or not isinstance(row.get(f), str)]
+    if missing:
+      raise DataError(f"{prefix}{where(path, no)}: needs string fields {', '.join(fields)}; "
+                      f"missing {', '.join(missing)}")
+    yield no, row
 
 
 def read_documents(path, *, unit: str = "paragraph", encoding: str = "utf-8") -> Iterator[dict]:

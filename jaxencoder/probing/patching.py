@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxencoder import progress as progress_lib
+from jaxencoder.data import readers
 from jaxencoder.model.config import EncoderConfig
 from jaxencoder.model.interventions import Interventions
 from jaxencoder.probing import objectives, probe_report
@@ -57,19 +56,8 @@ class PairGroup:
 
 def read_pairs(path) -> list[dict]:
   """The pairs of a JSON-lines file; a ValueError naming the line of a malformed one."""
-  out = []
-  for number, line in enumerate(pathlib.Path(path).read_text().splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      pair = json.loads(line)
-    except json.JSONDecodeError as error:
-      raise ValueError(f"--patch {path}:{number}: not JSON ({error.msg})") from None
-    missing = [f for f in FIELDS if not isinstance(pair, dict) or not isinstance(pair.get(f), str)]
-    if missing:
-      raise ValueError(f"--patch {path}:{number}: a pair needs text fields {', '.join(FIELDS)}"
-                       f"; missing {', '.join(missing)}")
-    out.append({**pair, "line": number})
+  out = [{**pair, "line": number}
+         for number, pair in readers.json_lines(path, FIELDS, prefix="--patch ")]
   if not out:
     raise ValueError(f"--patch {path}: no pairs (JSON lines with {', '.join(FIELDS)})")
   return out
