@@ -170,3 +170,147 @@ def test_the_cli_names_the_input_without_a_head(study, tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].endswith(f"--pretrained {tmp_path / 'hf'} has neither (an encoder without a "
                           "head, e.g. a BertModel)")
+
+
+def tagged_lines(dataset: features.Dataset) -> str:
+  return "\n".join(" ".join(f"{w}/{t}" for w, t in zip(ws, ts))
+                   for ws, ts in zip(dataset.sentences, dataset.labels)) + "\n"
+
+
+def amnesic_cli(source_flag, source, data, out, *extra):
+  from jaxencoder.probing import __main__ as probe
+  return probe.main([source_flag, str(source), "--data", str(data), "--out", str(out),
+                     "--max-epochs", "5", "--no-control", "--amnesic", *extra])["amnesic"]
+
+
+def test_a_converted_masked_lm_directory_scores_as_its_run(study, tmp_path):
+  """jaxencoder-convert RUN -> a BertForMaskedLM directory; --amnesic on it equals the study
+  of the run itself: the same masks, features, erasers and objective (loss and accuracy)."""
+  from jaxencoder.pretrained.convert import convert
+  cfg, _, _, dataset, _ = study
+  params = nn.meta.unbox(EncoderForMaskedLM(cfg).init(jax.random.key(4),
+                                                      np.ones((1, 8), np.int32))["params"])
+  leaves, tree = jax.tree.flatten(params)  # every tensor (norm scales, biases) non-trivial
+  noise = np.random.default_rng(0)
+  params = jax.tree.unflatten(tree, [np.asarray(x) + noise.normal(0, 0.05, np.shape(x))
+                                     .astype(np.float32) for x in leaves])
+  (tmp_path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+  write_mlm_run(tmp_path / "run", cfg, params, tmp_path / "vocab.txt")
+  convert(tmp_path / "run", tmp_path / "hf")
+  hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert hf_config["architectures"] == ["BertForMaskedLM"]
+  data = tmp_path / "tags.txt"
+  data.write_text(tagged_lines(dataset))
+  run = amnesic_cli("--checkpoint", tmp_path / "run", data, tmp_path / "from_run")
+  hf = amnesic_cli("--pretrained", tmp_path / "hf", data, tmp_path / "from_hf")
+  assert hf["masked_tokens"] == run["masked_tokens"] > 0
+  assert len(hf["layers"]) == len(run["layers"]) == cfg.num_layers
+  for a, b in zip(hf["layers"], run["layers"]):
+    assert a["rank"] == b["rank"]
+    for key in ("objective_before", "objective_after", "objective_after_random"):
+      assert set(a[key]) == {"loss", "accuracy"}
+      for metric in ("loss", "accuracy"):
+        assert a[key][metric] == pytest.approx(b[key][metric], abs=1e-5), (a["layer"], key)
+  assert run["layers"][0]["objective_before"]["loss"] > 1.0  # a real loss, not a zero
+
+
+CLASSES = ["VERB", "DET", "NOUN"]  # the run's class order (labels.txt), not the data's sorted
+
+
+@pytest.fixture(scope="module")
+def classifier_runs(tmp_path_factory):
+  """A token_classify run trained on TAGS (classes in CLASSES order) and a classify run
+  (labels no / yes), a few train.py steps each; with their probing data (the tagged
+  sentences, a CSV of yes / no sentences)."""
+  import types
+
+  import train_helpers as th
+  from jaxencoder.data import builders
+  from jaxencoder.train.loop import train_and_evaluate
+  root = tmp_path_factory.mktemp("classifier_runs")
+  vocab = th.write_vocab(root)
+  dataset = tagged(60, seed=3)
+  (root / "tags").mkdir()
+  (root / "tags" / "train.txt").write_text(tagged_lines(dataset))
+  (root / "tags" / "labels.txt").write_text("\n".join(CLASSES) + "\n")
+  tags = th.tiny_config(root, str(builders.prepare("tagged_tokens", root / "tags" / "train.txt",
+                                                   root / "tfds", name="tags")), vocab)
+  tags.task, tags.data.kind = "token_classify", "tagged_tokens"
+  train_and_evaluate(tags, root / "token_run")
+  labels = th.tiny_config(root, th.classification_set(root), vocab)
+  labels.task, labels.data.kind, labels.data.eval_split = ("classify", "text_classification",
+                                                           "test")
+  train_and_evaluate(labels, root / "classify_run")
+  rng = np.random.default_rng(5)
+  rows = [" ".join(rng.choice(WORDS, size=6)) for _ in range(40)]
+  (root / "yes_no.csv").write_text("text,label\n" + "".join(
+      f"{r},{'yes' if 'cat' in r.split() else 'no'}\n" for r in rows))
+  return types.SimpleNamespace(root=root, dataset=dataset, tags=tags, labels=labels,
+                               token_run=root / "token_run", classify_run=root / "classify_run",
+                               tagged=root / "tags" / "train.txt", csv=root / "yes_no.csv")
+
+
+def reference_loss(config, workdir, sentences, labels, token_level):
+  """The classifier's mean cross-entropy on `sentences` (lists of vocab words, one class id
+  per word or per sentence), one sentence at a time: [CLS] words [SEP], no padding."""
+  import train_helpers as th
+  from jaxencoder.train.config import encoder_config
+  params = th.final_params(config, workdir)
+  num_classes = params["head"]["classifier"]["kernel"].shape[-1]
+  model = EncoderClassifier(encoder_config(config), num_classes, token_level=token_level)
+  nll = []
+  for words, label in zip(sentences, labels):
+    ids_L = np.array([[VOCAB.index("[CLS]")] + [VOCAB.index(w) for w in words]
+                      + [VOCAB.index("[SEP]")]], np.int32)
+    logits = np.asarray(model.apply({"params": params}, ids_L,
+                                    attention_mask=np.ones_like(ids_L)), np.float64)[0]
+    logits_xC = logits[1:len(words) + 1] if token_level else logits[None]
+    logp_xC = logits_xC - np.log(np.exp(logits_xC).sum(-1, keepdims=True))
+    nll.extend(-logp_xC[np.arange(len(logp_xC)), np.atleast_1d(label)])
+  return float(np.mean(nll))
+
+
+def held_out_sentences(sentence_lengths, count=256):
+  """The test-split sentences amnesic probing scores (amnesic.held_out with the CLI's seed)."""
+  ids_M = np.repeat(np.arange(len(sentence_lengths)), sentence_lengths)
+  return np.unique(ids_M[probes.split_items(ids_M, seed=0)["test"]])[:count]
+
+
+@pytest.mark.slow
+def test_a_token_classifier_run_is_scored_by_its_own_loss_on_its_own_class_order(
+    classifier_runs, tmp_path):
+  runs = classifier_runs
+  result = amnesic_cli("--checkpoint", runs.token_run, runs.tagged, tmp_path / "out")
+  assert result["objective"] == "classifier loss"
+  for row in result["layers"]:
+    for key in ("objective_before", "objective_after", "objective_after_random"):
+      assert isinstance(row[key], float) and np.isfinite(row[key])
+  sentences = held_out_sentences([len(s) for s in runs.dataset.sentences])
+  assert result["sentences"] == len(sentences)
+  words = [runs.dataset.sentences[s] for s in sentences]
+  tags = [[CLASSES.index(t) for t in runs.dataset.labels[s]] for s in sentences]
+  want = reference_loss(runs.tags, runs.token_run, words, tags, token_level=True)
+  assert result["layers"][0]["objective_before"] == pytest.approx(want, rel=1e-4)
+  sorted_ids = [[sorted(CLASSES).index(t) for t in runs.dataset.labels[s]] for s in sentences]
+  assert abs(reference_loss(runs.tags, runs.token_run, words, sorted_ids, True) - want) > 1e-2
+
+
+@pytest.mark.slow
+def test_a_classify_run_is_scored_on_its_labels_and_refuses_others_in_one_line(
+    classifier_runs, tmp_path, capsys):
+  from jaxencoder.probing import __main__ as probe
+  runs = classifier_runs
+  result = amnesic_cli("--checkpoint", runs.classify_run, runs.csv, tmp_path / "out")
+  rows = [line.split(",") for line in runs.csv.read_text().splitlines()[1:]]
+  sentences = held_out_sentences([1] * len(rows))
+  want = reference_loss(runs.labels, runs.classify_run, [rows[s][0].split() for s in sentences],
+                        [["no", "yes"].index(rows[s][1]) for s in sentences], token_level=False)
+  assert result["objective"] == "classifier loss"
+  assert result["layers"][0]["objective_before"] == pytest.approx(want, rel=1e-4)
+  capsys.readouterr()
+  with pytest.raises(SystemExit):  # the tags are no classes of a yes / no classifier
+    probe.main(["--checkpoint", str(runs.classify_run), "--data", str(runs.tagged),
+                "--out", str(tmp_path / "tags_out"), "--amnesic"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].endswith("--amnesic: the data's labels ['DET', 'NOUN', 'VERB'] are not "
+                          "classes of the classifier (no, yes); score it on its own labels")
