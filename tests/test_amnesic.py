@@ -233,8 +233,8 @@ def classifier_runs(tmp_path_factory):
   (root / "tags").mkdir()
   (root / "tags" / "train.txt").write_text(tagged_lines(dataset))
   (root / "tags" / "labels.txt").write_text("\n".join(CLASSES) + "\n")
-  tags = th.tiny_config(root, str(builders.prepare("tagged_tokens", root / "tags" / "train.txt",
-                                                   root / "tfds", name="tags")), vocab)
+  tags = th.tiny_config(root, str(builders.prepare("tagged_tokens", root / "tags", root / "tfds",
+                                                   name="tags")), vocab)
   tags.task, tags.data.kind = "token_classify", "tagged_tokens"
   train_and_evaluate(tags, root / "token_run")
   labels = th.tiny_config(root, th.classification_set(root), vocab)

@@ -59,6 +59,16 @@ def test_tagged_tokens_round_trip_slash_and_conllu(tmp_path):
   assert got == [(["Dogs"], ["NOUN"]), (["The", "cat", "."], ["DT", "NN", "."])]
 
 
+def test_tagged_tokens_labels_txt_orders_the_tags_and_is_no_data_file(tmp_path):
+  (tmp_path / "src").mkdir()
+  (tmp_path / "src" / "train.txt").write_text("The/DT cat/NN\n")
+  (tmp_path / "src" / "labels.txt").write_text("NN\nDT\nVB\n")
+  path = builders.prepare("tagged_tokens", tmp_path / "src", tmp_path / "tfds", name="t")
+  names = sources.label_names(str(path), feature="tags")
+  assert names == ["NN", "DT", "VB"]
+  assert [[names[t] for t in r["tags"]] for r in _all(path)] == [["DT", "NN"]]
+
+
 def _idx(path, array):
   header = bytes([0, 0, 8, array.ndim]) + np.array(array.shape, ">u4").tobytes()
   path.write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))

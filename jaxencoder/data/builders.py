@@ -257,6 +257,17 @@ class TaggedTokens(KindBuilder):
   SUFFIXES = (".txt", ".conllu")
 
   @classmethod
+  def files(cls, cfg):
+    """{split: files}, without labels.txt (a .txt that names the tags, not a data file)."""
+    names = {str(f) for f in _label_files(cfg.source)}
+    groups = {split: [f for f in fs if str(f) not in names]
+              for split, fs in super().files(cfg).items()}
+    if not any(groups.values()):
+      raise readers.DataError(f"{cfg.source}: no files ending in .txt or .conllu besides "
+                              "labels.txt")
+    return {split: fs for split, fs in groups.items() if fs}
+
+  @classmethod
   def inputs(cls, cfg):
     return super().inputs(cfg) + _label_files(cfg.source)
 
