@@ -21,7 +21,8 @@ runs are read at their last step. The three arms of the measured recipe (docs/re
     gradcache=runs/gradcache@100
 Measured 2026-12-05 on the 2-core CPU machine, the three runs side by side (load 7-10; 14,
 18 and 27 min wall; in-batch 2.6 s a step at first, beside the mining only), seed 0, one
-run each; mining took 3.4 min (11,999 of 12,000 rows kept). shakespeare_retrieval, 1,000 queries x 1,000 documents:
+run each; mining took 3.4 min (11,999 of 12,000 rows kept). shakespeare_retrieval, 1,000
+queries x 1,000 documents:
                     ndcg@10  mrr@10  recall@100
   MiniLM            0.1103   0.0935  0.4430
   in-batch          0.1354   0.1115  0.5980
