@@ -191,14 +191,17 @@ def table(results: list[Measured], note: str, when: str = "") -> str:
 HEADER = "| config | metric | documented | measured | spread | verdict | wall time / seed | measured on |"
 
 
-def merged(old: str, new: str) -> str:
+def merged(old: str, new: str, *, keep_note: bool = False) -> str:
   """`new`'s table with the rows of `old` for configs `new` did not run (a subset run
-  updates its rows and keeps the others, each with its own date), sorted by config."""
+  updates its rows and keeps the others, each with its own date), sorted by config;
+  `keep_note` (a subset run, which did not read every config): `old`'s note under it."""
   def rows(text):
     return {line.split("`")[1]: line for line in text.splitlines() if line.startswith("| `")}
   kept = {**{k: v for k, v in rows(old).items() if v.count("|") == HEADER.count("|")},
           **rows(new)}
   head, _, tail = new.partition("\n\n")
+  if keep_note and "\n\n" in old:
+    tail = old.partition("\n\n")[2]
   return "\n".join([*head.splitlines()[:2], *(kept[k] for k in sorted(kept))]) + "\n\n" + tail
 
 
@@ -253,7 +256,7 @@ def main() -> None:
     note += f" Not scored here: {'; '.join(unscored)}."
   out = pathlib.Path(args.out)
   text = merged(out.read_text(encoding="utf-8") if out.is_file() else "",
-                table(results, note, when))
+                table(results, note, when), keep_note=bool(args.configs))
   out.write_text(text, encoding="utf-8")
   print(text)
   drifted = flags(results)

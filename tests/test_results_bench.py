@@ -135,3 +135,7 @@ def test_a_subset_run_updates_its_rows_and_keeps_the_others():
   assert lines[2].endswith("| day 1 |") and lines[3].endswith("| day 2 |")
   assert "0.7000" in lines[3] and lines[-1] == "new"
   assert results.merged("", new) == new
+  # A subset run read only its configs: the whole table's note (e.g. what is not scored) stays.
+  kept = results.merged(old, new, keep_note=True).splitlines()
+  assert kept[:4] == lines[:4] and kept[-1] == "old"
+  assert results.merged("", new, keep_note=True) == new
