@@ -23,9 +23,9 @@ import numpy as np
 import optax
 
 from jaxencoder.model.config import EncoderConfig
-from jaxencoder.model.encoder import EMBEDDINGS, ENCODER, Encoder
-from jaxencoder.model.heads import MlmHead, SequenceClassificationHead, TokenClassificationHead
-from jaxencoder.model.layers import take_rows
+from jaxencoder.model.encoder import ENCODER, Encoder
+from jaxencoder.model.heads import (EncoderForMaskedLM, SequenceClassificationHead,
+                                    TokenClassificationHead)
 from jaxencoder.probing import features as features_lib
 
 MLM_HEAD, CLASSIFIER_HEAD = "mlm_head", "head"
@@ -50,20 +50,18 @@ def encode(cfg: EncoderConfig, params, inputs: dict, interventions=None, **optio
                             interventions=interventions, **options)
 
 
-def block_outputs(cfg: EncoderConfig, out) -> tuple:
-  """Each layer's output [B, L, D], where interventions patch it (layer n = block n + 1):
-  the hidden states after the embeddings (a pre-norm model's last one after its final norm,
-  where its last layer's patch goes too)."""
-  return tuple(out.hidden_states[1:])
-
-
-def mlm_logits(cfg: EncoderConfig, params, last_BxLxD, positions_BxM):
-  """The MLM head's logits [B, M, V] (float32) at `positions_BxM` of the final states, as
-  EncoderForMaskedLM computes them (the decoder tied to the token embedding)."""
-  table_VxE = params[ENCODER][EMBEDDINGS]["token_embed"]["embedding"]
-  rows_BxMxD = take_rows(last_BxLxD, positions_BxM)
-  return MlmHead(cfg).apply({"params": params[MLM_HEAD]}, rows_BxMxD, table_VxE
-                            ).astype(jnp.float32)
+def mlm_logits(cfg: EncoderConfig, params, inputs: dict, positions_BxM, interventions=None,
+               **options):
+  """(logits [B, M, V] float32 at `positions_BxM`, EncoderOutput) of EncoderForMaskedLM on a
+  batch under `interventions`; `options` as `encode`'s. The output's hidden_states[n + 1] is
+  layer n's output, where interventions patch it."""
+  types_BxL = inputs["token_type_ids"] if cfg.type_vocab_size else None
+  variables = {"params": {ENCODER: params[ENCODER], MLM_HEAD: params[MLM_HEAD]}}
+  logits_BxMxV, out = EncoderForMaskedLM(cfg).apply(
+      variables, inputs["input_ids"], attention_mask=inputs["attention_mask"],
+      token_type_ids=types_BxL, masked_positions=positions_BxM, interventions=interventions,
+      **options)
+  return logits_BxMxV.astype(jnp.float32), out
 
 
 # --- masked LM ------------------------------------------------------------------------------
@@ -132,8 +130,7 @@ def _masked_batches(cfg, tokenizer, dataset, sentence_ids, rate, seed, batch_siz
 @functools.partial(jax.jit, static_argnums=0)
 def _mlm_sums(cfg, params, inputs, positions_BxM, labels_BxM, weights_BxM, interventions):
   """(summed cross-entropy, correct predictions) at the masked positions."""
-  out = encode(cfg, params, inputs, interventions)
-  logits_BxMxV = mlm_logits(cfg, params, out.last_hidden_state, positions_BxM)
+  logits_BxMxV, _ = mlm_logits(cfg, params, inputs, positions_BxM, interventions)
   nll_BxM = optax.softmax_cross_entropy_with_integer_labels(logits_BxMxV, labels_BxM)
   hit_BxM = (jnp.argmax(logits_BxMxV, -1) == labels_BxM).astype(jnp.float32)
   return jnp.sum(nll_BxM * weights_BxM), jnp.sum(hit_BxM * weights_BxM)

@@ -113,26 +113,26 @@ def _inputs(group: PairGroup, ids_PxL: np.ndarray, rows) -> dict:
           "token_type_ids": group.token_type_ids_PxL[rows]}
 
 
-def _logit_diff(cfg, params, last_BxLxD, index_B, a_B, b_B):
-  """logit(a) - logit(b) at each row's mask."""
-  logits_BxV = objectives.mlm_logits(cfg, params, last_BxLxD, index_B[:, None])[:, 0]
-  pick = lambda t_B: jnp.take_along_axis(logits_BxV, t_B[:, None], 1)[:, 0]
-  return pick(a_B) - pick(b_B)
+def _logit_diff(cfg, params, inputs, index_B, a_B, b_B, interventions=None, **options):
+  """(logit(a) - logit(b) at each row's mask, the EncoderOutput)."""
+  logits_Bx1xV, out = objectives.mlm_logits(cfg, params, inputs, index_B[:, None],
+                                            interventions, **options)
+  pick = lambda t_B: jnp.take_along_axis(logits_Bx1xV[:, 0], t_B[:, None], 1)[:, 0]
+  return pick(a_B) - pick(b_B), out
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _clean_run(cfg, params, inputs, index_B, a_B, b_B):
-  """(LD [B], block outputs [N, B, L, D], head outputs [N, B, L, H, K]) of a clean run."""
-  out = objectives.encode(cfg, params, inputs, None, output_hidden_states=True,
+  """(LD [B], block outputs [N, B, L, D], head outputs [N, B, L, H, K]) of a clean run;
+  block n's output is hidden_states[n + 1], where interventions patch layer n."""
+  ld_B, out = _logit_diff(cfg, params, inputs, index_B, a_B, b_B, output_hidden_states=True,
                           output_head_outputs=True)
-  ld_B = _logit_diff(cfg, params, out.last_hidden_state, index_B, a_B, b_B)
-  return ld_B, jnp.stack(objectives.block_outputs(cfg, out)), jnp.stack(out.head_outputs)
+  return ld_B, jnp.stack(out.hidden_states[1:]), jnp.stack(out.head_outputs)
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _patched_run(cfg, params, inputs, index_B, a_B, b_B, interventions):
-  out = objectives.encode(cfg, params, inputs, interventions)
-  return _logit_diff(cfg, params, out.last_hidden_state, index_B, a_B, b_B)
+  return _logit_diff(cfg, params, inputs, index_B, a_B, b_B, interventions)[0]
 
 
 def _run_args(group: PairGroup, rows, ids_PxL):
